@@ -1,0 +1,96 @@
+"""The closed v1 domain error codes and the exceptions that carry them.
+
+Every public failure of a Schedule tool is one of the seed's eleven codes. Messages
+are stable, written for a model to act on, and never contain exception text or paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal, get_args
+
+ErrorCode = Literal[
+    "invalid_prompt",
+    "invalid_selector",
+    "invalid_rule",
+    "invalid_time_zone",
+    "timezone_confirmation_required",
+    "not_future",
+    "time_out_of_range",
+    "frequency_too_high",
+    "corrupt_schedule_log",
+    "persistence_uncertain",
+    "internal_error",
+]
+
+ERROR_CODES: Final[tuple[str, ...]] = get_args(ErrorCode)
+
+DEFAULT_MESSAGES: Final[dict[str, str]] = {
+    "invalid_prompt": "prompt must be a non-empty string after trimming whitespace.",
+    "invalid_selector": (
+        "Provide exactly one of after_seconds, at, or every_seconds, and no other keys."
+    ),
+    "invalid_rule": "The time rule is not valid.",
+    "invalid_time_zone": (
+        "time_zone must be \"UTC\" or an IANA Area/Location name such as \"Europe/Berlin\"."
+    ),
+    "timezone_confirmation_required": (
+        "The time zone for this local time is not confirmed; ask the user and pass time_zone "
+        "explicitly."
+    ),
+    "not_future": "The reminder time must be strictly in the future.",
+    "time_out_of_range": "The reminder time is outside the supported range (years 0001-9999).",
+    "frequency_too_high": "every_seconds must be at least 300.",
+    "corrupt_schedule_log": (
+        "The session's schedule history is invalid; no schedule operation can be performed."
+    ),
+    "persistence_uncertain": (
+        "The session could not be confirmed durable; the outcome is unknown. Retry later or "
+        "list schedules to see what was kept."
+    ),
+    "internal_error": "The schedule service failed unexpectedly; nothing was changed.",
+}
+
+
+class ScheduleError(Exception):
+    """Root of every Schedule failure."""
+
+
+class ToolError(ScheduleError):
+    """A domain failure answered to the model as ``{"code", "message", ...extra}``."""
+
+    def __init__(self, code: ErrorCode, message: str | None = None, **extra: Any) -> None:
+        self.code: ErrorCode = code
+        self.message: str = message if message is not None else DEFAULT_MESSAGES[code]
+        self.extra: dict[str, Any] = extra
+        super().__init__(f"{code}: {self.message}")
+
+    def value(self) -> dict[str, Any]:
+        """The canonical error value, keys in order: code, message, then the extras."""
+        return {"code": self.code, "message": self.message, **self.extra}
+
+
+class ScheduleLogError(ScheduleError, ValueError):
+    """A session log whose Schedule records break the version-1 replay rules."""
+
+    def __init__(self, reason: str, seq: int | None = None) -> None:
+        self.reason = reason
+        self.seq = seq
+        where = f"event {seq}: " if seq is not None else ""
+        super().__init__(f"{where}{reason}")
+
+
+class PersistenceError(ScheduleError, OSError):
+    """The session store could not read, write or confirm durability."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class FenceConflict(ScheduleError):
+    """An append found the log at another length than the caller expected."""
+
+    def __init__(self, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"expected log length {expected}, found {actual}")
