@@ -48,7 +48,7 @@ class _Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     pass
 
 
-class AfterSchedule(_Record, kw_only=True):
+class AfterSchedule(_Record, frozen=True, kw_only=True):
     id: str
     kind: Literal["after"] = "after"
     prompt: str
@@ -56,14 +56,14 @@ class AfterSchedule(_Record, kw_only=True):
     scheduledAt: str
 
 
-class AtSchedule(_Record, kw_only=True):
+class AtSchedule(_Record, frozen=True, kw_only=True):
     id: str
     kind: Literal["at"] = "at"
     prompt: str
     scheduledAt: str
 
 
-class EverySchedule(_Record, kw_only=True):
+class EverySchedule(_Record, frozen=True, kw_only=True):
     id: str
     kind: Literal["every"] = "every"
     prompt: str
@@ -75,19 +75,19 @@ Schedule = AfterSchedule | AtSchedule | EverySchedule
 ONE_SHOT_KINDS: Final = frozenset({"after", "at"})
 
 
-class CreateChange(_Record, kw_only=True):
+class CreateChange(_Record, frozen=True, kw_only=True):
     version: Literal[1] = 1
     operation: Literal["create"] = "create"
     schedule: Schedule
 
 
-class DeleteChange(_Record, kw_only=True):
+class DeleteChange(_Record, frozen=True, kw_only=True):
     version: Literal[1] = 1
     operation: Literal["delete"] = "delete"
     id: str
 
 
-class DispatchChange(_Record, kw_only=True):
+class DispatchChange(_Record, frozen=True, kw_only=True):
     """One-shot dispatches carry only the id; ``every`` dispatches add ``acceptedAt``."""
 
     version: Literal[1] = 1
