@@ -1,0 +1,49 @@
+"""Everything the host and the workers coordinate through Redis, built from one client.
+
+Redis only coordinates: every key here can be deleted and rebuilt from the session logs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from shared.due import next_wake_ms
+from shared.fold import FoldState
+from shared.followups import Followups
+from shared.keys import Keys
+from shared.leases import Leases
+from shared.lock import AgentLocks
+from shared.phase import AgentPhase
+from shared.settings import Settings
+from shared.wake import WakeProjection
+
+log = logging.getLogger(__name__)
+
+
+class Coordination:
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self.locks = AgentLocks(client, self.keys, ttl_s=settings.lock_ttl_s)
+        self.phase = AgentPhase(client, self.keys)
+        self.leases = Leases(client, self.keys)
+        self.followups = Followups(client, self.keys)
+        self.wakes = WakeProjection(client, self.keys)
+
+    def rearm(self, agent: str, state: FoldState, now_ms: int) -> str | None:
+        """The owner's recompute: arm the agent's wake at its next decision time.
+
+        Only a live agent is armed, on the queue its lease names. Hold the agent's lock.
+        """
+        if not self.leases.is_live(agent, now_ms=now_ms):
+            return None
+        queue = self.leases.queue_of(agent) or self.settings.queue
+        return self.wakes.arm(agent, next_wake_ms(state, now_ms), queue)
+
+    def trigger(self, agent: str) -> None:
+        """Enqueue an immediate wake on the agent's queue."""
+        queue = self.leases.queue_of(agent) or self.settings.queue
+        self.wakes.trigger(agent, queue)

@@ -1,0 +1,52 @@
+"""Every Redis key this project writes, built in one place under one prefix (DESIGN §2)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+STREAM_GROUP: Final = "host"
+
+
+class Keys:
+    """Key names for one prefix. rq's own keys are separated by the queue name."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def lock(self, agent: str) -> str:
+        return f"{self.prefix}lock:{agent}"
+
+    def phase(self, agent: str) -> str:
+        return f"{self.prefix}phase:{agent}"
+
+    def idle_waiter(self, agent: str) -> str:
+        return f"{self.prefix}waiter:{agent}"
+
+    def live(self) -> str:
+        """ZSET agent -> lease expiry (epoch ms)."""
+        return f"{self.prefix}live"
+
+    def lease_queue(self) -> str:
+        """HASH agent -> the rq queue beside the agent's session store."""
+        return f"{self.prefix}lease-queue"
+
+    def followups(self, agent: str) -> str:
+        return f"{self.prefix}followups:{agent}"
+
+    def current_wake(self, agent: str) -> str:
+        return f"{self.prefix}wake:{agent}"
+
+    def wake_counter(self, agent: str) -> str:
+        return f"{self.prefix}wake-seq:{agent}"
+
+    def scheduled_jobs(self) -> str:
+        return f"{self.prefix}rq-scheduler:scheduled_jobs"
+
+    def scheduler_lock(self) -> str:
+        return f"{self.prefix}rq-scheduler:lock"
+
+    def scheduler_instances(self) -> str:
+        return f"{self.prefix}rq-scheduler:instance:"
+
+    def scheduler(self) -> str:
+        return f"{self.prefix}rq-scheduler"

@@ -1,0 +1,51 @@
+"""All tunables in one frozen object, built from flags and the environment (DESIGN §6.1, §7)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    redis_url: str | None = None
+    sessions: Path = Path("sessions")
+    prefix: str = "dsh-schedule:"
+    queue: str = "dsh-schedule"
+    lock_ttl_s: float = 30.0
+    tool_lock_wait_s: float = 10.0
+    wake_lock_wait_s: float = 2.0
+    maintenance_ttl_s: float = 30.0
+    turn_ttl_s: float = 60.0
+    turn_renew_s: float = 20.0
+    lease_ttl_s: float = 60.0
+    lease_renew_s: float = 20.0
+    mover_interval_s: float = 0.2
+    reconcile_interval_s: float = 30.0
+    early_sleep_s: float = 2.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Defaults, then ``DSH_SCHEDULE_*`` variables, then explicit non-None overrides."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        names = {
+            "DSH_SCHEDULE_REDIS_URL": "redis_url",
+            "DSH_SCHEDULE_SESSIONS": "sessions",
+            "DSH_SCHEDULE_PREFIX": "prefix",
+            "DSH_SCHEDULE_QUEUE": "queue",
+            "DSH_SCHEDULE_LOCK_TTL": "lock_ttl_s",
+            "DSH_SCHEDULE_MAINTENANCE_TTL": "maintenance_ttl_s",
+            "DSH_SCHEDULE_TURN_TTL": "turn_ttl_s",
+            "DSH_SCHEDULE_LEASE_TTL": "lease_ttl_s",
+            "DSH_SCHEDULE_LEASE_RENEW": "lease_renew_s",
+            "DSH_SCHEDULE_MOVER_INTERVAL": "mover_interval_s",
+            "DSH_SCHEDULE_RECONCILE_INTERVAL": "reconcile_interval_s",
+        }
+        for var, field in names.items():
+            if env.get(var):
+                values[field] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return msgspec.convert(values, type=cls, strict=False)

@@ -1,0 +1,125 @@
+"""The wake projection on rq-scheduler (DESIGN §6.2).
+
+Each live agent with work has one *current* wake: an rq-scheduler job scheduled at its
+next decision time on the queue beside its session store. Arming happens under the
+per-agent lock. A wake id that may be queued or running is never re-scheduled (rq's
+success handling would overwrite or delete it): a new id is used instead. Immediate
+wakes (a new lease, a released phase, a rebuild) are plain rq jobs with rq's own ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Final
+
+import redis
+from rq import Queue
+from rq.job import Job
+
+from shared.instant import to_datetime
+from shared.keys import Keys
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from rq_scheduler import Scheduler
+
+# rq-scheduler samples datetime.utcnow(), deprecated on newer Pythons; silence that
+# module's warning only.
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"rq_scheduler(\..*)?")
+
+log = logging.getLogger(__name__)
+
+WAKE_FUNC: Final = "worker.job.wake"
+WAKE_TIMEOUT_S: Final = 120
+
+
+class PrefixedScheduler(Scheduler):  # type: ignore[misc]
+    """rq-scheduler with its global keys under our prefix."""
+
+    def __init__(self, keys: Keys, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scheduled_jobs_key = keys.scheduled_jobs()
+        self.scheduler_lock_key = keys.scheduler_lock()
+        self.scheduler_key = keys.scheduler()
+        self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
+        self.moved = 0
+
+    def enqueue_job(self, job: Job) -> None:
+        super().enqueue_job(job)
+        self.moved += 1
+
+
+def wake_job_id(agent: str, target_ms: int) -> str:
+    """``wake_<hex of agent id>_<epoch second>`` (rq ids allow only [A-Za-z0-9_-])."""
+    return f"wake_{agent.encode().hex()}_{target_ms // 1000}"
+
+
+class WakeProjection:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+        self.scheduler = PrefixedScheduler(keys, connection=client)
+
+    def current(self, agent: str) -> str | None:
+        value = self._client.get(self._keys.current_wake(agent))
+        return value.decode() if isinstance(value, bytes) else None
+
+    def is_scheduled(self, job_id: str) -> bool:
+        return self._client.zscore(self.scheduler.scheduled_jobs_key, job_id) is not None
+
+    def arm(self, agent: str, target_ms: int | None, queue: str) -> str | None:
+        """Make ``target_ms`` the agent's one current wake (None: no wake). Hold the lock."""
+        previous = self.current(agent)
+        if target_ms is None:
+            self._retire(agent, previous)
+            return None
+        job_id = wake_job_id(agent, target_ms)
+        if job_id == previous and self.is_scheduled(job_id):
+            return job_id
+        if self._client.exists(Job.key_for(job_id)):
+            # Queued, running or failed under this id: never re-schedule it.
+            job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(agent))}"
+        self.scheduler.enqueue_at(
+            to_datetime(target_ms),
+            WAKE_FUNC,
+            agent,
+            target_ms,
+            job_id=job_id,
+            job_result_ttl=0,
+            job_ttl=None,
+            timeout=WAKE_TIMEOUT_S,
+            queue_name=queue,
+        )
+        self._client.set(self._keys.current_wake(agent), job_id)
+        if previous is not None and previous != job_id:
+            self._unschedule(previous)
+        log.debug("armed %s for %s at %d", job_id, agent, target_ms)
+        return job_id
+
+    def trigger(self, agent: str, queue: str) -> None:
+        """Enqueue an immediate wake; the wake decides everything under the lock."""
+        Queue(queue, connection=self._client).enqueue(
+            WAKE_FUNC, agent, None, result_ttl=0, job_timeout=WAKE_TIMEOUT_S
+        )
+
+    def cancel(self, agent: str) -> None:
+        """Remove the agent's current wake (disposal)."""
+        self._retire(agent, self.current(agent))
+
+    def _retire(self, agent: str, previous: str | None) -> None:
+        if previous is not None:
+            self._unschedule(previous)
+        self._client.delete(self._keys.current_wake(agent), self._keys.wake_counter(agent))
+
+    def _unschedule(self, job_id: str) -> None:
+        # Only a job still waiting in the schedule is ours to delete; one already moved
+        # to the queue runs, finds nothing due (or re-arms) and removes itself.
+        if self._client.zrem(self.scheduler.scheduled_jobs_key, job_id):
+            self._client.delete(Job.key_for(job_id))
+
+    def move_due(self) -> int:
+        """One rq-scheduler pass: move every due wake onto its queue."""
+        before = self.scheduler.moved
+        self.scheduler.enqueue_jobs()
+        return int(self.scheduler.moved - before)

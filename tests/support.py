@@ -1,0 +1,40 @@
+"""Small test helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from shared.events import SessionHeader
+from shared.instant import parse_instant
+from shared.store import SessionStore
+
+T0 = parse_instant("2026-12-01T12:00:00.000Z")
+
+
+class FakeClock:
+    """An injectable wall clock in epoch milliseconds."""
+
+    def __init__(self, now_ms: int = T0) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, seconds: float) -> None:
+        self.now_ms += int(seconds * 1000)
+
+
+def new_session(store: SessionStore, session_id: str = "s1", time_zone: str | None = None) -> str:
+    store.create(SessionHeader(id=session_id, createdAt=T0, timeZone=time_zone))
+    return session_id
+
+
+def value(content: str) -> Any:
+    return json.loads(content)
+
+
+def append_raw_line(path: Path, obj: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(obj) + "\n")

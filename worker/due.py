@@ -1,0 +1,194 @@
+"""The due transaction: a wake's work for one agent (DESIGN §6.3).
+
+Every step is a named method. The log stays the authority: followups are written before
+the fenced dispatch append, so a crash can only leave an entry without a dispatch (the
+host drops it) or a dispatch without an entry (re-projection re-adds it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Final
+
+from shared.coordination import Coordination
+from shared.due import DispatchBatch, DispatchOne, Wait, due_decision
+from shared.errors import FenceConflict, PersistenceError, ScheduleLogError
+from shared.events import SCHEDULE_CHANGE, NewEvent, Session
+from shared.fold import FoldState, occurrence_at
+from shared.followups import Pair
+from shared.framing import FramingError, batch_frame, one_shot_frame
+from shared.instant import format_instant
+from shared.ledger import LedgerCache
+from shared.lock import LockUnavailable
+from shared.phase import Release
+from shared.records import DispatchChange, encode_change
+from shared.store import SessionStore
+from worker.reproject import reproject
+
+log = logging.getLogger(__name__)
+
+MAX_ROUNDS: Final = 64
+FENCE_RETRIES: Final = 4
+CRASH_ENV: Final = "DSH_SCHEDULE_CRASH_AT"
+
+
+def crash_point(name: str) -> None:
+    """Test-only: SIGKILL this process at the named point (DESIGN §8)."""
+    if os.environ.get(CRASH_ENV) == name:
+        log.warning("crash hook %s: killing the worker", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Stop(Exception):
+    """End this wake quietly; everything stays active for a later one."""
+
+
+class DueOwner:
+    """Performs due transactions for agents whose sessions live in ``store``."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        coordination: Coordination,
+        *,
+        clock: Callable[[], int],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._store = store
+        self._coord = coordination
+        self._clock = clock
+        self._sleep = sleep
+        self._ledgers = LedgerCache()
+
+    def wake(self, agent: str, target_ms: int | None) -> None:
+        """Handle one wake: stale and duplicate wakes find nothing due and return."""
+        settings = self._coord.settings
+        if not self._coord.leases.is_live(agent, now_ms=self._clock()):
+            log.debug("wake for %s: not live", agent)
+            return
+        if target_ms is not None:
+            early_ms = target_ms - self._clock()
+            if 0 < early_ms < settings.early_sleep_s * 1000:
+                # rq-scheduler keeps whole-second scores: sleep out a short difference.
+                self._sleep(early_ms / 1000)
+        try:
+            with self._coord.locks.hold(agent, wait_s=settings.wake_lock_wait_s):
+                self._rounds(agent)
+        except LockUnavailable:
+            log.debug("wake for %s: lock busy, the holder re-arms", agent)
+        except Stop:
+            pass
+
+    def _rounds(self, agent: str) -> None:
+        for _ in range(MAX_ROUNDS):
+            session, state = self._preflight(agent)
+            self._reproject(agent, session)
+            now = self._clock()
+            decision = due_decision(state, now)
+            if isinstance(decision, Wait):
+                self._coord.rearm(agent, state, now)
+                return
+            if not self._dispatch_in_phase(agent):
+                return
+            self._barrier(agent)
+        log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
+
+    def _preflight(self, agent: str) -> tuple[Session, FoldState]:
+        try:
+            self._store.flush(agent)
+            return self._store.load(agent)
+        except PersistenceError as exc:
+            log.warning("due preflight for %s failed: %s", agent, exc.reason)
+        except ScheduleLogError as exc:
+            log.error("corrupt schedule log for %s, arming nothing: %s", agent, exc)
+        raise Stop
+
+    def _reproject(self, agent: str, session: Session) -> None:
+        try:
+            added = reproject(self._coord.followups, agent, session, self._ledgers)
+        except ScheduleLogError as exc:
+            log.error("cannot re-project followups for %s: %s", agent, exc)
+            raise Stop from None
+        if added:
+            log.info("re-projected %d lost followup(s) for %s", added, agent)
+
+    def _dispatch_in_phase(self, agent: str) -> bool:
+        """Claim maintenance, dispatch once, release. False when the wake must stop."""
+        settings = self._coord.settings
+        token = uuid.uuid4().hex
+        if not self._coord.phase.claim_maintenance(agent, token, settings.maintenance_ttl_s):
+            log.debug("agent %s busy: idle waiter registered", agent)
+            return False
+        try:
+            if not self._coord.leases.is_live(agent, now_ms=self._clock()):
+                return False
+            return self._dispatch(agent)
+        finally:
+            if self._coord.phase.release(agent, "maintenance", token) is Release.WAITER_WOKEN:
+                self._coord.trigger(agent)
+
+    def _dispatch(self, agent: str) -> bool:
+        for _ in range(FENCE_RETRIES):
+            try:
+                session, state = self._store.load(agent)
+            except (PersistenceError, ScheduleLogError) as exc:
+                log.warning("re-fold for %s failed: %s", agent, exc)
+                return False
+            now = self._clock()
+            decision = due_decision(state, now)
+            if isinstance(decision, Wait):
+                return True
+            try:
+                text, pairs, changes = _render(decision)
+            except FramingError:
+                log.exception("framing failed for %s; nothing written", agent)
+                return False
+            crash_point("before-followup")
+            self._coord.followups.add(agent, text, pairs)
+            crash_point("after-followup")
+            events = [
+                NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c)) for c in changes
+            ]
+            try:
+                self._store.append(agent, events, expected_seq=len(session.events))
+            except FenceConflict:
+                log.info("fence conflict for %s: re-deciding", agent)
+                continue
+            except (PersistenceError, ScheduleLogError) as exc:
+                # The followup may already be read; with no dispatch the host drops it.
+                log.error("dispatch append for %s abandoned: %s", agent, exc)
+                return False
+            crash_point("after-append")
+            return True
+        return False
+
+    def _barrier(self, agent: str) -> None:
+        try:
+            self._store.flush(agent)
+        except PersistenceError as exc:
+            log.warning("dispatch barrier for %s failed: %s", agent, exc.reason)
+            raise Stop from None
+
+
+def _render(
+    decision: DispatchOne | DispatchBatch,
+) -> tuple[str, list[Pair], list[DispatchChange]]:
+    if isinstance(decision, DispatchOne):
+        record = decision.record
+        text = one_shot_frame(record.id, record.scheduledAt, record.prompt)
+        pair = Pair(scheduleId=record.id, occurrenceAt=record.scheduledAt)
+        return text, [pair], [DispatchChange(id=record.id)]
+    accepted = format_instant(decision.accepted_ms)
+    items = [
+        (r.id, format_instant(occurrence_at(r, decision.accepted_ms)), r.prompt)
+        for r in decision.records
+    ]
+    text = batch_frame(items)
+    pairs = [Pair(scheduleId=i, occurrenceAt=o) for i, o, _ in items]
+    return text, pairs, [DispatchChange(id=r.id, acceptedAt=accepted) for r in decision.records]
+
