@@ -118,8 +118,16 @@ class WakeProjection:
         if self._client.zrem(self.scheduler.scheduled_jobs_key, job_id):
             self._client.delete(Job.key_for(job_id))
 
-    def move_due(self) -> int:
-        """One rq-scheduler pass: move every due wake onto its queue."""
+    def move_due(self, now_ms: int | None = None) -> int:
+        """One rq-scheduler pass: move every due wake onto its queue.
+
+        ``now_ms`` replaces rq-scheduler's own clock sample (in-process runs on an
+        injected clock); the score comparison stays rq-scheduler's whole seconds.
+        """
         before = self.scheduler.moved
-        self.scheduler.enqueue_jobs()
+        if now_ms is None:
+            self.scheduler.enqueue_jobs()
+        else:
+            for job in list(self.scheduler.get_jobs(until=now_ms // 1000)):
+                self.scheduler.enqueue_job(job)
         return int(self.scheduler.moved - before)

@@ -1,0 +1,83 @@
+"""The whole system in one process, on the embedded Redis (DESIGN §7: demo, loadtest).
+
+A reference host, a due owner behind an rq ``SimpleWorker`` (fakeredis state is per
+process, so nothing forks) and the rq-scheduler mover, stepped by one loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import redis
+from rq import Queue, SimpleWorker
+
+from scheduler.bridge import Delivery
+from scheduler.host import ReferenceHost
+from scheduler.process import RebuildReport, rebuild
+from shared.coordination import Coordination
+from shared.redis_conn import connect
+from shared.settings import Settings
+from shared.store import SessionStore
+from worker import job
+from worker.due import DueOwner
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedSystem:
+    def __init__(
+        self,
+        store: SessionStore,
+        settings: Settings,
+        *,
+        clock: Callable[[], int],
+        sleep: Callable[[float], None],
+        client: redis.Redis | None = None,
+        on_delivery: Callable[[str, Delivery], None] | None = None,
+        injected_clock: bool = False,
+    ) -> None:
+        self.client = client if client is not None else connect(None)
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.coordination = Coordination(self.client, settings)
+        self._on_delivery = on_delivery
+        self.host = self._new_host()
+        self.owner = DueOwner(store, self.coordination, clock=clock, sleep=sleep)
+        job.install(self.owner)
+        self.queue = Queue(settings.queue, connection=self.client)
+        self.worker = SimpleWorker([self.queue], connection=self.client)
+        self._injected_clock = injected_clock
+        self._next_renew_ms = 0
+
+    def _new_host(self) -> ReferenceHost:
+        return ReferenceHost(
+            self.store, self.coordination, clock=self.clock, on_delivery=self._on_delivery
+        )
+
+    def stop_host(self) -> None:
+        """The host goes away: its agents are disposed, their logs keep every record."""
+        self.host.close()
+        self.host = self._new_host()
+
+    def step(self) -> list[tuple[str, Delivery]]:
+        """Renew leases, move due wakes, run queued wakes, deliver followups."""
+        if self.clock() >= self._next_renew_ms:
+            self.host.plugin.renew_leases()
+            self._next_renew_ms = self.clock() + int(self.settings.lease_renew_s * 1000)
+        self.coordination.wakes.move_due(self.clock() if self._injected_clock else None)
+        if self.queue.count:
+            self.worker.work(burst=True, logging_level="WARNING")
+        delivered: list[tuple[str, Delivery]] = []
+        for session_id in list(self.host.agents):
+            delivered.extend((session_id, d) for d in self.host.pump(session_id))
+        return delivered
+
+    def flush_redis(self) -> None:
+        """Drop every key, as a Redis restart without persistence would."""
+        self.client.flushall()
+
+    def rebuild(self) -> RebuildReport:
+        self.host.plugin.renew_leases()
+        return rebuild(self.coordination, now_ms=self.clock())
