@@ -48,4 +48,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             if env.get(var):
                 values[field] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return msgspec.convert(values, type=cls, strict=False)
+        if "sessions" in values:
+            values["sessions"] = Path(str(values["sessions"]))
+        try:
+            return cls(**{k: _typed(k, v) for k, v in values.items()})
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(str(exc)) from None
+
+
+class SettingsError(ValueError):
+    """A setting from a flag or the environment has the wrong form."""
+
+
+def _typed(field: str, value: object) -> object:
+    if field.endswith("_s"):
+        number = float(str(value))
+        if not number > 0:
+            raise ValueError(f"{field} must be a positive number of seconds")
+        return number
+    return value
