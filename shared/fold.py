@@ -52,6 +52,21 @@ def occurrence_at(record: EverySchedule, accepted_ms: int) -> int:
     return target + (accepted_ms - target) // period * period
 
 
+def advance_every(record: EverySchedule, accepted_ms: int) -> EverySchedule | None:
+    """The record after a dispatch accepted at ``accepted_ms`` (>= scheduledAt): its target
+    moves to the first anchor-aligned one after the delivered occurrence; None when that
+    target is beyond 9999-12-31T23:59:59.999Z, which ends the record."""
+    following = occurrence_at(record, accepted_ms) + record.everySeconds * 1000
+    if following > MAX_MS:
+        return None
+    return EverySchedule(
+        id=record.id,
+        prompt=record.prompt,
+        everySeconds=record.everySeconds,
+        scheduledAt=format_instant(following),
+    )
+
+
 def apply_change(state: _Folding, change: Change) -> None:
     """Apply one decoded change to a mutable fold; ScheduleLogError when it is invalid."""
     if isinstance(change, CreateChange):
@@ -85,16 +100,11 @@ def _apply_dispatch(state: _Folding, record: Schedule, change: DispatchChange) -
     if last is not None and accepted != last and accepted < last + RECURRING_GAP_MS:
         raise ScheduleLogError("recurring batches less than 300 seconds apart")
     state.last_batch_ms = accepted
-    following = occurrence_at(record, accepted) + record.everySeconds * 1000
-    if following > MAX_MS:
+    advanced = advance_every(record, accepted)
+    if advanced is None:
         del state.active[record.id]
     else:
-        state.active[record.id] = EverySchedule(
-            id=record.id,
-            prompt=record.prompt,
-            everySeconds=record.everySeconds,
-            scheduledAt=format_instant(following),
-        )
+        state.active[record.id] = advanced
 
 
 class _Folding:

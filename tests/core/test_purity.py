@@ -1,0 +1,71 @@
+"""The pure core loads no Redis or queue code (DESIGN §2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("redis", "rq", "rq_scheduler", "fakeredis")
+CORE = (
+    "shared.records",
+    "shared.fold",
+    "shared.due",
+    "shared.presentation",
+    "shared.instant",
+    "shared.errors",
+    "shared.events",
+)
+# Core modules other parts of the project add; checked whenever they exist.
+CORE_WHEN_PRESENT = (
+    "shared.timesel",
+    "shared.timecontext",
+    "shared.create",
+    "shared.views",
+    "shared.framing",
+    "shared.catalog",
+)
+
+PROBE = """
+import importlib, importlib.util, json, sys
+required, optional, forbidden = json.loads(sys.argv[1])
+present = [name for name in optional if importlib.util.find_spec(name) is not None]
+for name in required + present:
+    importlib.import_module(name)
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in forbidden)
+print(json.dumps({"imported": required + present, "forbidden": loaded}))
+"""
+
+
+def probe(required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """Import the modules in a fresh interpreter; what it imported and what it loaded."""
+    argument = json.dumps([list(required), list(optional), list(FORBIDDEN)])
+    completed = subprocess.run(
+        [sys.executable, "-c", PROBE, argument],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    result: dict[str, list[str]] = json.loads(completed.stdout)
+    return result
+
+
+def test_importing_the_pure_core_loads_no_redis_or_queue_module() -> None:
+    # given a fresh interpreter, when it imports every pure core module there is
+    result = probe(CORE, CORE_WHEN_PRESENT)
+
+    # then all of them were imported and none of them loaded Redis or rq
+    assert set(CORE) <= set(result["imported"])
+    assert result["forbidden"] == []
+
+
+@pytest.mark.parametrize("module", ["redis", "fakeredis"])
+def test_the_probe_sees_a_forbidden_module(module: str) -> None:
+    """The check above can fail: importing a Redis client is noticed."""
+    assert module in probe((module,))["forbidden"]
