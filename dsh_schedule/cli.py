@@ -272,6 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "worker":
             p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
         p.set_defaults(func=func)
+    from dsh_schedule import demo, loadtest
+
+    p = sub.add_parser("demo", help="the whole system on embedded defaults, as a timeline")
+    demo.add_arguments(p)
+    p.set_defaults(func=demo.run)
+    p = sub.add_parser("loadtest", help="load test on the embedded Redis or a real one")
+    loadtest.add_arguments(p)
+    p.set_defaults(func=loadtest.run)
     p = sub.add_parser("host", help="run the reference host for sessions")
     _common(p)
     p.add_argument("sessions_to_host", nargs="+", metavar="SESSION")

@@ -1,0 +1,233 @@
+"""``dsh-schedule demo``: the whole system on embedded defaults, as a readable timeline.
+
+A reference host with a scripted agent creates an ``after``, a local-time ``at`` and an
+``every`` reminder, lists them, deletes one, receives the due ones as the exact framing
+with their receipts, then survives a restart that drops all Redis state. With
+``--redis URL`` the same runs against a real Redis with real worker and scheduler
+subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+from pathlib import Path
+from typing import Any
+
+from dsh_schedule.embedded import EmbeddedSystem
+from scheduler.bridge import Delivery
+from scheduler.host import ReferenceHost
+from scheduler.process import rebuild
+from shared.coordination import Coordination
+from shared.events import SessionHeader
+from shared.fold import fold
+from shared.instant import format_instant, parse_instant, to_datetime
+from shared.jsonl_store import JsonlStore
+from shared.presentation import receipt_value, reminder_presentation
+from shared.settings import Settings
+from shared.timesel import load_zone
+from shared.views import render
+
+SESSION = "demo-session"
+ZONE = "America/New_York"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sessions", type=Path, help="session directory (default: a temp dir)")
+    parser.add_argument("--redis", help="real Redis URL: run real worker/scheduler processes")
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.start:5.1f}s] {text}", flush=True)
+
+    def block(self, text: str) -> None:
+        for line in text.splitlines():
+            print(f"         | {line}", flush=True)
+
+
+class Demo:
+    def __init__(self, sessions: Path, redis_url: str | None, timeline: Timeline) -> None:
+        self.t = timeline
+        self.store = JsonlStore(sessions)
+        self.settings = Settings.from_env(
+            {}, sessions=sessions, redis_url=redis_url,
+            prefix=f"dsh-demo-{os.getpid()}:", queue=f"dsh-demo-{os.getpid()}",
+        )
+        self.redis_url = redis_url
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.system: EmbeddedSystem | None = None
+        self.host: ReferenceHost
+        self._host_stop = threading.Event()
+        self._host_thread: threading.Thread | None = None
+        self.delivered: list[Delivery] = []
+        if redis_url is None:
+            self.system = EmbeddedSystem(
+                self.store, self.settings, clock=_wall_ms, sleep=time.sleep,
+                on_delivery=self._on_delivery,
+            )
+            self.coordination = self.system.coordination
+            self.host = self.system.host
+        else:
+            import redis
+
+            client = redis.Redis.from_url(redis_url)
+            self.coordination = Coordination(client, self.settings)
+            self.host = self._start_real_host()
+
+    # -- running ----------------------------------------------------------------------
+
+    def _start_real_host(self) -> ReferenceHost:
+        host = ReferenceHost(self.store, self.coordination, on_delivery=self._on_delivery)
+        self._host_stop = threading.Event()
+        self._host_thread = threading.Thread(target=host.run, args=(self._host_stop,),
+                                             daemon=True)
+        self._host_thread.start()
+        return host
+
+    def start_processes(self) -> None:
+        if self.redis_url is None:
+            return
+        env = dict(os.environ, DSH_SCHEDULE_REDIS_URL=self.redis_url,
+                   DSH_SCHEDULE_SESSIONS=str(self.settings.sessions),
+                   DSH_SCHEDULE_PREFIX=self.settings.prefix,
+                   DSH_SCHEDULE_QUEUE=self.settings.queue)
+        for command in ("worker", "scheduler"):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "dsh_schedule", command], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+            self.t.say(f"started `dsh-schedule {command}` (pid {self.procs[-1].pid})")
+
+    def run_until(self, done: Callable[[], bool], limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while not done() and time.monotonic() < deadline:
+            if self.system is not None:
+                self.system.step()
+            time.sleep(0.05)
+
+    def _on_delivery(self, session: str, delivery: Delivery) -> None:
+        self.delivered.append(delivery)
+        self.t.say("reminder delivered into the session as a user-role message:")
+        self.t.block(delivery.text)
+        events = self.store.read(session).events
+        for event in events:
+            data = event.data
+            if (event.type == "schedule/change" and data.get("operation") == "dispatch"
+                    and any(p.scheduleId == data["id"] for p in delivery.pairs)):
+                shown = reminder_presentation(events, event.seq, 0)
+                if shown is not None and any(
+                    p.occurrenceAt == shown.occurrenceAt for p in delivery.pairs
+                ):
+                    self.t.say(f"receipt of dispatch seq {event.seq}: "
+                               f"{render(receipt_value(shown))}")
+
+    def restart(self) -> None:
+        """Drop every Redis key and restart the host; the log rebuilds everything."""
+        if self.system is not None:
+            self.system.stop_host()
+            self.system.flush_redis()
+            self.host = self.system.host
+        else:
+            self._host_stop.set()
+            if self._host_thread is not None:
+                self._host_thread.join()
+            self.host.close()
+            for key in self.coordination.client.scan_iter(f"{self.settings.prefix}*"):
+                self.coordination.client.delete(key)
+            self.coordination.client.delete(f"rq:queue:{self.settings.queue}")
+            self.host = self._start_real_host()
+        self.host.open_root(SESSION)
+        report = rebuild(self.coordination, now_ms=_wall_ms())
+        self.t.say(f"host restarted; rebuild woke {list(report.woken)}")
+
+    def close(self) -> None:
+        self._host_stop.set()
+        if self._host_thread is not None:
+            self._host_thread.join()
+        self.host.close()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(10)
+
+    # -- the script -------------------------------------------------------------------
+
+    def tool(self, name: str, args: dict[str, Any]) -> Any:
+        self.t.say(f"model calls {name} {json.dumps(args, ensure_ascii=False)}")
+        result = self.host.prompt(SESSION, "(scripted user turn)", tool_calls=[(name, args)],
+                                  client_time_zone="Europe/Berlin")[0]
+        self.t.say(f"  -> {'error ' if result.is_error else ''}{result.content}")
+        return json.loads(result.content)
+
+    def script(self) -> int:
+        self.store.create(SessionHeader(id=SESSION, createdAt=_wall_ms(),
+                                        timeZone="Europe/Berlin"))
+        self.t.say(f"session {SESSION!r} created in {self.settings.sessions}")
+        self.start_processes()
+        agent = self.host.open_root(SESSION)
+        self.t.say(f"root agent {SESSION!r} created; Schedule installed: {sorted(agent.tools)}")
+
+        self.tool("schedule_create", {"prompt": "Stand up and stretch", "after_seconds": 3})
+        local = to_datetime(_wall_ms() + 6000).astimezone(load_zone(ZONE))
+        self.tool("schedule_create", {"prompt": "Call the team", "at": {
+            "date": local.strftime("%Y-%m-%d"), "time": local.strftime("%H:%M:%S"),
+            "time_zone": ZONE}})
+        every = self.tool("schedule_create", {"prompt": "Check the build", "every_seconds": 300})
+        anchor = parse_instant(every["scheduledAt"])
+        targets = [format_instant(anchor + k * 300_000) for k in range(3)]
+        self.t.say(f"every 300 s, anchor-aligned targets: {', '.join(targets)}, ...")
+        spare = self.tool("schedule_create", {"prompt": "Never mind", "after_seconds": 20})
+        self.tool("schedule_list", {})
+        self.tool("schedule_delete", {"id": spare["id"]})
+
+        self.t.say("waiting for the due reminders ...")
+        self.run_until(lambda: len(self.delivered) >= 2, 30)
+
+        self.tool("schedule_create", {"prompt": "Still here after the restart",
+                                      "after_seconds": 4})
+        self.t.say("simulating a restart: every Redis key dropped, host restarted")
+        self.restart()
+        self.run_until(lambda: len(self.delivered) >= 3, 30)
+
+        events = self.store.read(SESSION).events
+        fold(events)  # the invariant holds over the whole log
+        self.t.say(f"session log valid: {len(events)} events; still active:")
+        self.tool("schedule_list", {})
+        ok = len(self.delivered) == 3
+        self.t.say("demo finished" if ok else "demo incomplete: a reminder did not arrive")
+        return 0 if ok else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    if not getattr(args, "verbose", False):
+        logging.getLogger().setLevel(logging.WARNING)
+    timeline = Timeline()
+    with tempfile.TemporaryDirectory(prefix="dsh-demo-") as tmp:
+        sessions = args.sessions or Path(tmp) / "sessions"
+        demo = Demo(sessions, args.redis, timeline)
+        mode = f"real Redis {args.redis}" if args.redis else "embedded Redis (in-process)"
+        timeline.say(f"dsh-schedule demo on {mode}")
+        try:
+            return demo.script()
+        finally:
+            demo.close()
+
+
+

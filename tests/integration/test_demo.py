@@ -1,0 +1,55 @@
+"""The README's main job: ``dsh-schedule demo`` in a fresh clone while no Redis answers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXPECTED_IN_ORDER = [
+    "dsh-schedule demo on embedded Redis",
+    "Schedule installed: ['schedule_create', 'schedule_delete', 'schedule_list']",
+    'model calls schedule_create {"prompt": "Stand up and stretch", "after_seconds": 3}',
+    '"kind":"after"',
+    '"kind":"at"',
+    '"kind":"every"',
+    "anchor-aligned targets",
+    "model calls schedule_list {}",
+    '"deleted":true',
+    "[SCHEDULE REMINDER]",
+    'reminder_prompt_json: "Stand up and stretch"',
+    '"label":"session-local"',
+    'reminder_prompt_json: "Call the team"',
+    "simulating a restart: every Redis key dropped",
+    "rebuild woke ['demo-session']",
+    'reminder_prompt_json: "Still here after the restart"',
+    "session log valid",
+    "demo finished",
+]
+
+
+@pytest.mark.slow
+def test_demo_runs_in_a_fresh_clone_without_any_redis(tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    unshare = shutil.which("unshare")
+    assert unshare is not None, "unshare is needed to cut the demo off from every Redis"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
+    env["PYTHONPATH"] = str(clone)
+    # A fresh network namespace: loopback is down, so no Redis can answer.
+    result = subprocess.run(
+        [unshare, "--net", sys.executable, "-m", "dsh_schedule", "demo"],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=90,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    position = 0
+    for expected in EXPECTED_IN_ORDER:
+        found = result.stdout.find(expected, position)
+        assert found >= 0, f"missing or out of order: {expected!r}\n{result.stdout}"
+        position = found
