@@ -35,7 +35,10 @@ def _ensure_venv() -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     print("dev: installing the project and its test extra", file=sys.stderr)
     pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "-e", f"{ROOT}[test]"], check=True)
+    # "compat" editable mode is a plain path entry, so PYTHONPATH can shadow the checkout.
+    subprocess.run(
+        [*pip, "-e", f"{ROOT}[test]", "--config-settings", "editable_mode=compat"], check=True
+    )
     STAMP.write_text(digest)
 
 

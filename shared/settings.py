@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -51,7 +52,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         if "sessions" in values:
             values["sessions"] = Path(str(values["sessions"]))
         try:
-            return cls(**{k: _typed(k, v) for k, v in values.items()})
+            typed: dict[str, Any] = {k: _typed(k, v) for k, v in values.items()}
+            return cls(**typed)
         except (TypeError, ValueError) as exc:
             raise SettingsError(str(exc)) from None
 
