@@ -1,0 +1,423 @@
+"""The JSONL store's own promises (DESIGN §3.1): file layout, escaping, torn lines,
+corruption, rollback, fsync failures, the incremental cache and multi-process appends."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.errors import PersistenceError, ScheduleLogError
+from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
+from shared.jsonl_store import JsonlStore, read_session_file
+from shared.store import SessionExists, escape_session_id, unescape_session_id
+
+T0 = 1_764_579_600_000
+WHEN = "2026-12-01T16:00:00.000Z"
+WORKER = Path(__file__).with_name("_append_worker.py")
+
+
+def at_create(schedule_id: str) -> NewEvent:
+    schedule = {"id": schedule_id, "kind": "at", "prompt": "call back", "scheduledAt": WHEN}
+    data = {"version": 1, "operation": "create", "schedule": schedule}
+    return NewEvent(type=SCHEDULE_CHANGE, time=T0, data=data)
+
+
+def delete(schedule_id: str) -> NewEvent:
+    data = {"version": 1, "operation": "delete", "id": schedule_id}
+    return NewEvent(type=SCHEDULE_CHANGE, time=T0, data=data)
+
+
+def message(text: str) -> NewEvent:
+    return NewEvent(type=USER_MESSAGE, time=T0, data={"content": text})
+
+
+def header(session_id: str = "s1", time_zone: str | None = None) -> SessionHeader:
+    return SessionHeader(id=session_id, createdAt=T0, timeZone=time_zone)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JsonlStore:
+    return JsonlStore(tmp_path / "sessions")
+
+
+def write_lines(store: JsonlStore, session_id: str, *lines: str, end: str = "\n") -> Path:
+    path = store.path(session_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(("\n".join(lines) + end).encode())
+    return path
+
+
+def event_line(seq: int, data: Any = None, kind: str = "note") -> str:
+    return json.dumps({"type": kind, "seq": seq, "time": T0, "data": data})
+
+
+HEADER_LINE = '{"type":"session","version":0,"id":"s1","createdAt":1764579600000}'
+
+
+# -- layout -------------------------------------------------------------------------------
+
+
+def test_the_file_is_a_header_line_then_one_event_per_line(store: JsonlStore) -> None:
+    # given / when
+    store.create(header("s1", "Europe/Berlin"))
+    store.append("s1", [message("hi"), NewEvent(type="x", time=5, data=None)], 0)
+    # then
+    assert store.path("s1").read_bytes() == (
+        b'{"type":"session","version":0,"id":"s1","createdAt":1764579600000,'
+        b'"timeZone":"Europe/Berlin"}\n'
+        b'{"type":"user/message","seq":0,"time":1764579600000,"data":{"content":"hi"}}\n'
+        b'{"type":"x","seq":1,"time":5,"data":null}\n'
+    )
+
+
+def test_a_fork_header_names_its_parent_and_seed_length(store: JsonlStore) -> None:
+    store.create(header("p"))
+    store.append("p", [message("hi")], 0)
+    store.fork("p", "c", created_at_ms=7)
+    first = store.path("c").read_bytes().split(b"\n")[0]
+    assert first == (
+        b'{"type":"session","version":0,"id":"c","createdAt":7,"parentSession":"p","seedLength":1}'
+    )
+
+
+def test_create_and_fork_leave_only_session_files(store: JsonlStore) -> None:
+    store.create(header("p"))
+    store.fork("p", "c", created_at_ms=T0)
+    with pytest.raises(SessionExists):
+        store.create(header("c"))
+    assert sorted(os.listdir(store.root)) == ["c.jsonl", "p.jsonl"]
+
+
+# -- escaping -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("session_id", "segment"),
+    [
+        ("agent-1_x", "agent-1_x"),
+        ("../x", "%2E%2E%2Fx"),
+        ("a/b", "a%2Fb"),
+        ("é", "%C3%A9"),
+        ("%2F", "%252%46"),
+        (".", "%2E"),
+        ("..", "%2E%2E"),
+        ("Ab", "%41b"),
+    ],
+)
+def test_a_session_id_becomes_one_safe_file_name(
+    store: JsonlStore, session_id: str, segment: str
+) -> None:
+    assert escape_session_id(session_id) == segment
+    store.create(header(session_id))
+    assert os.listdir(store.root) == [segment + ".jsonl"]
+    assert store.path(session_id).parent == store.root
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1, max_size=40))
+def test_escaping_round_trips_into_a_plain_segment(session_id: str) -> None:
+    segment = escape_session_id(session_id)
+    assert re.fullmatch(r"(?:[a-z0-9_-]|%[0-9A-F]{2})+", segment, re.ASCII)
+    assert unescape_session_id(segment) == session_id
+
+
+@pytest.mark.parametrize("segment", ["%2f", "%4", "A", "%41%", ".", "%2", "%FF", "%61", ""])
+def test_a_segment_no_id_escapes_to_is_rejected(segment: str) -> None:
+    with pytest.raises(ValueError):
+        unescape_session_id(segment)
+
+
+def test_sessions_ignores_files_it_did_not_write(store: JsonlStore) -> None:
+    store.create(header("s1"))
+    for name in ["README", ".x.staging", "UPPER.jsonl", "%2f.jsonl", "s2.json"]:
+        (store.root / name).write_text("")
+    assert store.sessions() == ["s1"]
+
+
+def test_sessions_of_a_missing_root_is_empty(tmp_path: Path) -> None:
+    assert JsonlStore(tmp_path / "nowhere").sessions() == []
+
+
+# -- torn lines and corruption ------------------------------------------------------------
+
+
+def test_a_torn_final_line_is_ignored_and_cut_by_the_next_append(store: JsonlStore) -> None:
+    # given: a crash left half a line behind
+    store.create(header())
+    store.append("s1", [message("a"), message("b")], 0)
+    path = store.path("s1")
+    with path.open("ab") as f:
+        f.write(b'{"type":"user/message","seq":2,"ti')
+    # when / then: readers ignore it
+    assert len(store.read("s1").events) == 2
+    assert len(JsonlStore(store.root).read("s1").events) == 2
+    # when: the next appender cuts it
+    store.append("s1", [message("c")], 2)
+    # then
+    assert path.read_bytes().endswith(b'"data":{"content":"c"}}\n')
+    fresh = JsonlStore(store.root).read("s1")
+    assert [e.data["content"] for e in fresh.events] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("content", ["", HEADER_LINE], ids=["empty", "torn header"])
+def test_a_file_without_a_complete_header_is_a_persistence_failure(
+    store: JsonlStore, content: str
+) -> None:
+    write_lines(store, "s1", content, end="")
+    with pytest.raises(PersistenceError):
+        store.read("s1")
+    with pytest.raises(SessionExists):
+        store.create(header("s1"))
+
+
+CORRUPT_FILES: dict[str, tuple[list[str], str]] = {
+    "garbage middle line": ([HEADER_LINE, event_line(0), "{not json", event_line(2)], "line 3"),
+    "garbage last complete line": ([HEADER_LINE, event_line(0), "[]"], "line 3"),
+    "empty middle line": ([HEADER_LINE, "", event_line(0)], "line 2"),
+    "seq gap": ([HEADER_LINE, event_line(0), event_line(2)], "line 3"),
+    "seq not from 0": ([HEADER_LINE, event_line(1)], "line 2"),
+    "event without data": ([HEADER_LINE, '{"type":"x","seq":0,"time":1}'], "line 2"),
+    "another session's header": ([HEADER_LINE.replace('"s1"', '"s2"')], "line 1"),
+    "header not a session": ([HEADER_LINE.replace('"session"', '"note"')], "line 1"),
+    "header not an object": (["[1]"], "line 1"),
+}
+
+
+@pytest.mark.parametrize(
+    ("lines", "where"), CORRUPT_FILES.values(), ids=CORRUPT_FILES.keys()
+)
+def test_a_malformed_line_is_corruption(store: JsonlStore, lines: list[str], where: str) -> None:
+    write_lines(store, "s1", *lines)
+    with pytest.raises(ScheduleLogError, match=f"log {where} malformed"):
+        store.read("s1")
+    with pytest.raises(ScheduleLogError):
+        store.append("s1", [message("x")], 0)
+
+
+def test_corruption_after_the_cached_prefix_is_found(store: JsonlStore) -> None:
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    store.read("s1")
+    with store.path("s1").open("a") as f:
+        f.write("garbage\n" + event_line(2) + "\n")
+    with pytest.raises(ScheduleLogError, match="log line 3 malformed"):
+        store.read("s1")
+
+
+def test_a_log_with_corrupt_schedule_records_reads_but_does_not_load(store: JsonlStore) -> None:
+    # given: a delete of an id that was never created, written by someone else
+    write_lines(store, "s1", HEADER_LINE, event_line(0, delete("x").data, SCHEDULE_CHANGE))
+    # then
+    assert len(store.read("s1").events) == 1
+    with pytest.raises(ScheduleLogError):
+        store.load("s1")
+    with pytest.raises(ScheduleLogError):
+        store.append("s1", [at_create("schedule-1")], 1)
+    assert store.append("s1", [message("still a log")], 1)[0].seq == 1
+
+
+def test_a_session_that_is_not_a_file_is_a_persistence_failure(store: JsonlStore) -> None:
+    store.path("s1").mkdir(parents=True)
+    with pytest.raises(PersistenceError):
+        store.read("s1")
+    with pytest.raises(PersistenceError):
+        store.append("s1", [message("x")], 0)
+
+
+def test_a_seed_length_beyond_the_log_reads_but_does_not_load(store: JsonlStore) -> None:
+    forked = HEADER_LINE.replace("}", ',"parentSession":"p","seedLength":2}')
+    write_lines(store, "s1", forked, event_line(0))
+    assert store.read("s1").seed_length == 2
+    with pytest.raises(ScheduleLogError, match="seedLength"):
+        store.load("s1")
+
+
+def test_any_session_file_can_be_read_by_its_path(store: JsonlStore, tmp_path: Path) -> None:
+    # given: a session file under a name that is not its id, with a torn tail
+    path = tmp_path / "copy.log"
+    path.write_text(HEADER_LINE + "\n" + event_line(0, "x") + "\n" + '{"ty')
+    # when / then
+    session = read_session_file(path)
+    assert (session.header.id, [e.data for e in session.events]) == ("s1", ["x"])
+    with pytest.raises(PersistenceError):
+        read_session_file(tmp_path / "missing.jsonl")
+    with pytest.raises(PersistenceError):
+        read_session_file(tmp_path)
+    path.write_text(HEADER_LINE + "\nnope\n")
+    with pytest.raises(ScheduleLogError):
+        read_session_file(path)
+
+
+# -- write and fsync failures -------------------------------------------------------------
+
+
+def test_a_failed_write_is_truncated_back(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    before = store.path("s1").read_bytes()
+
+    def half_then_fail(fd: int, data: bytes, offset: int) -> None:
+        os.pwrite(fd, data[: len(data) // 2], offset)
+        raise OSError(errno.ENOSPC, "no space left")
+
+    monkeypatch.setattr(store, "_write", half_then_fail)
+    # when
+    with pytest.raises(PersistenceError):
+        store.append("s1", [message("b"), message("c")], 1)
+    # then
+    assert store.path("s1").read_bytes() == before
+    monkeypatch.undo()
+    assert store.append("s1", [message("b")], 1)[0].seq == 1
+
+
+def test_a_failed_fsync_is_reported_and_the_bytes_stay(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    size = store.path("s1").stat().st_size
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(store, "_fsync", failing_fsync)
+    # when / then
+    with pytest.raises(PersistenceError):
+        store.flush("s1")
+    assert store.path("s1").stat().st_size == size
+    assert len(JsonlStore(store.root).read("s1").events) == 1
+
+
+def test_a_create_whose_file_fsync_fails_creates_nothing(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(store, "_fsync", failing_fsync)
+    with pytest.raises(PersistenceError):
+        store.create(header())
+    assert not store.exists("s1")
+    assert os.listdir(store.root) == []
+
+
+def test_a_create_whose_directory_fsync_fails_is_reported_but_kept(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def second_fsync_fails(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "I/O error")
+        os.fsync(fd)
+
+    monkeypatch.setattr(store, "_fsync", second_fsync_fails)
+    with pytest.raises(PersistenceError):
+        store.create(header())
+    assert store.read("s1").header == header()
+
+
+# -- the incremental cache ----------------------------------------------------------------
+
+
+def test_load_parses_only_what_another_process_appended(store: JsonlStore) -> None:
+    # given: a long session this store has loaded once
+    store.create(header())
+    store.append("s1", [message(f"m{i}") for i in range(500)] + [at_create("schedule-1")], 0)
+    reader = JsonlStore(store.root)
+    reader.load("s1")
+    parsed = reader.parsed_bytes("s1")
+    assert parsed == store.path("s1").stat().st_size
+    # when: someone else appends
+    size = store.path("s1").stat().st_size
+    store.append("s1", [delete("schedule-1"), at_create("schedule-2")], 501)
+    session, state = reader.load("s1")
+    # then: only the new tail was read, and the fold continued
+    assert reader.parsed_bytes("s1") - parsed == store.path("s1").stat().st_size - size
+    assert len(session.events) == 503
+    assert [r.id for r in state.active] == ["schedule-2"]
+
+
+def test_a_store_does_not_reread_its_own_appends(store: JsonlStore) -> None:
+    store.create(header())
+    store.load("s1")
+    parsed = store.parsed_bytes("s1")
+    store.append("s1", [at_create("schedule-1")], 0)
+    session, state = store.load("s1")
+    assert store.parsed_bytes("s1") == parsed
+    assert [r.id for r in state.active] == ["schedule-1"]
+    assert len(session.events) == 1
+
+
+def test_a_replaced_file_is_read_from_scratch(store: JsonlStore) -> None:
+    # given: a cached session
+    store.create(header())
+    store.append("s1", [at_create("schedule-1")], 0)
+    store.load("s1")
+    # when: the file is replaced by a longer, different log (a new inode)
+    replacement = store.root / "replacement"
+    replacement.write_text(
+        "\n".join([HEADER_LINE, event_line(0, "x"), event_line(1, "y"), event_line(2, "z")]) + "\n"
+    )
+    os.replace(replacement, store.path("s1"))
+    # then
+    session, state = store.load("s1")
+    assert [e.data for e in session.events] == ["x", "y", "z"]
+    assert state.active == ()
+
+
+def test_a_file_that_shrank_is_read_from_scratch(store: JsonlStore) -> None:
+    store.create(header())
+    store.append("s1", [message("a"), message("b")], 0)
+    store.read("s1")
+    path = store.path("s1")
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join(lines[:2]) + b"\n")  # same inode, one event left
+    assert len(store.read("s1").events) == 1
+
+
+# -- several processes --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_processes_appending_at_once_lose_nothing(store: JsonlStore, tmp_path: Path) -> None:
+    # given
+    store.create(header())
+    workers, per_worker = 4, 50
+    go = tmp_path / "go"
+    argv = [sys.executable, str(WORKER), str(store.root), "s1"]
+    procs = [
+        subprocess.Popen([*argv, str(tag), str(per_worker), str(go)], stdout=subprocess.PIPE)
+        for tag in range(workers)
+    ]
+    # when: all of them start appending together
+    for tag in range(workers):
+        ready = Path(f"{go}.ready.{tag}")
+        while not ready.exists() and procs[tag].poll() is None:
+            time.sleep(0.005)
+    go.touch()
+    outputs = [p.communicate(timeout=100)[0] for p in procs]
+    # then
+    assert [p.returncode for p in procs] == [0] * workers, outputs
+    session, state = JsonlStore(store.root).load("s1")
+    assert [e.seq for e in session.events] == list(range(workers * per_worker))
+    for tag in range(workers):
+        mine = [e for e in session.events if e.type != SCHEDULE_CHANGE and e.data["worker"] == tag]
+        assert [e.data["i"] for e in mine] == [i for i in range(per_worker) if i % 10]
+    assert len(state.active) == workers * per_worker // 10
+    assert store.path("s1").read_bytes().endswith(b"\n")
