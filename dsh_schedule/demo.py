@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-
 from pathlib import Path
 from typing import Any
 
