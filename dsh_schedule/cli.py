@@ -295,10 +295,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from shared.settings import SettingsError
+
     try:
         result: int = args.func(args)
     except KeyboardInterrupt:
         return 130
+    except SettingsError as exc:
+        print(f"dsh-schedule: bad setting: {exc}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -64,8 +64,11 @@ class SettingsError(ValueError):
 
 def _typed(field: str, value: object) -> object:
     if field.endswith("_s"):
-        number = float(str(value))
+        try:
+            number = float(str(value))
+        except ValueError:
+            number = float("nan")
         if not number > 0:
-            raise ValueError(f"{field} must be a positive number of seconds")
+            raise ValueError(f"{field} must be a positive number of seconds, got {value!r}")
         return number
     return value
