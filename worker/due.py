@@ -37,11 +37,24 @@ FENCE_RETRIES: Final = 4
 CRASH_ENV: Final = "DSH_SCHEDULE_CRASH_AT"
 
 
+_paused_once = False
+
+
 def crash_point(name: str) -> None:
-    """Test-only: SIGKILL this process at the named point (DESIGN §8)."""
-    if os.environ.get(CRASH_ENV) == name:
+    """Test-only: SIGKILL this process at the named point (DESIGN §8).
+
+    ``pause-<point>`` stops the process there once (SIGSTOP) instead, so a test can let
+    its lock and phase expire and then resume it.
+    """
+    global _paused_once
+    hook = os.environ.get(CRASH_ENV)
+    if hook == name:
         log.warning("crash hook %s: killing the worker", name)
         os.kill(os.getpid(), signal.SIGKILL)
+    elif hook == f"pause-{name}" and not _paused_once:
+        _paused_once = True
+        log.warning("crash hook %s: pausing the worker", hook)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class Stop(Exception):

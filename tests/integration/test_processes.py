@@ -92,16 +92,22 @@ class Cluster:
         _definition, handler = self.host.agents[session].tools[tool]
         return value(handler(args).content)
 
-    def close(self) -> None:
+    def close(self) -> list[int | None]:
+        """SIGTERM every process; their exit codes (None: had to be killed)."""
         self.stop_host()
         for proc in self.procs:
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
                 proc.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
         for proc in self.procs:
             try:
-                proc.wait(10)
+                codes.append(proc.wait(15))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
+                codes.append(None)
+        return codes
 
     def rebuild(self) -> None:
         subprocess.run([sys.executable, "-m", "dsh_schedule", "rebuild"], env=self.env,
@@ -228,3 +234,66 @@ def test_two_wakes_at_once_on_two_workers_make_one_dispatch(cluster: Cluster) ->
     time.sleep(1.5)
     assert dispatches(cluster.store, session) == 1
     assert len(reminders(cluster.store, session)) == 1
+
+
+def test_nothing_is_dispatched_during_a_turn_and_it_arrives_after(cluster: Cluster) -> None:
+    session = cluster.session()
+    cluster.spawn("worker")
+    cluster.spawn("scheduler")
+    host = cluster.start_host(session)
+    cluster.call(session, "schedule_create", {"prompt": "x", "after_seconds": 1})
+    with host.plugin.bridge.turn(session):
+        time.sleep(3.5)
+        assert dispatches(cluster.store, session) == 0
+    assert wait_for(lambda: len(reminders(cluster.store, session)) == 1)
+    assert dispatches(cluster.store, session) == 1
+
+
+def test_cold_session_keeps_its_record_until_installed_again(cluster: Cluster) -> None:
+    session = cluster.session()
+    cluster.spawn("worker")
+    cluster.spawn("scheduler")
+    cluster.start_host(session)
+    cluster.call(session, "schedule_create", {"prompt": "x", "after_seconds": 1})
+    cluster.stop_host(dispose=True)  # the session goes cold: no lease
+    time.sleep(3.5)
+    assert dispatches(cluster.store, session) == 0
+    _session, state = cluster.store.load(session)
+    assert [r.id for r in state.active] == ["schedule-1"]
+    cluster.start_host(session)
+    assert wait_for(lambda: len(reminders(cluster.store, session)) == 1)
+    time.sleep(1.0)
+    assert dispatches(cluster.store, session) == 1
+
+
+def _stopped(proc: subprocess.Popen[bytes]) -> bool:
+    status = Path(f"/proc/{proc.pid}/status").read_text()
+    return any(line.startswith("State:") and "T" in line.split()[1] for line in
+               status.splitlines())
+
+
+def test_paused_worker_whose_lock_expired_cannot_deliver(cluster: Cluster) -> None:
+    session = cluster.session()
+    paused = cluster.spawn("worker", **{CRASH_ENV: "pause-after-followup"})
+    cluster.spawn("scheduler")
+    cluster.start_host(session)
+    cluster.call(session, "schedule_create", {"prompt": "x", "after_seconds": 1})
+    assert wait_for(lambda: _stopped(paused))
+    cluster.spawn("worker")  # lock and phase expire (2 s); the reconcile wakes this one
+    assert wait_for(lambda: len(reminders(cluster.store, session)) == 1)
+    paused.send_signal(signal.SIGCONT)
+    time.sleep(2.0)
+    assert dispatches(cluster.store, session) == 1
+    assert len(reminders(cluster.store, session)) == 1
+    assert cluster.coordination.followups.waiting(session) == 0
+    codes = cluster.close()
+    log = (cluster.root / "worker-0.log").read_text()
+    assert "fence conflict" in log
+    assert codes[0] == 0
+
+
+def test_worker_and_scheduler_stop_cleanly_on_sigterm(cluster: Cluster) -> None:
+    cluster.spawn("worker")
+    cluster.spawn("scheduler")
+    time.sleep(1.5)
+    assert cluster.close() == [0, 0]

@@ -1,0 +1,42 @@
+"""Rebuild and reconcile (DESIGN §6.4): wake every live agent, retire ended ones."""
+
+from __future__ import annotations
+
+import redis
+from rq import Queue
+
+from scheduler.bridge import HostBridge
+from scheduler.process import rebuild
+from shared.coordination import Coordination
+from shared.followups import Pair
+from shared.memory_store import MemoryStore
+from tests.support import FakeClock, new_session
+
+
+def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    bridge = HostBridge(store, coordination, clock=clock)
+    for agent in ("live", "ended"):
+        new_session(store, agent)
+        bridge.install(agent)
+        coordination.followups.add(agent, "text", [Pair(scheduleId="s", occurrenceAt="x")])
+        coordination.wakes.arm(agent, clock() + 60_000, coordination.settings.queue)
+    queue = Queue(coordination.settings.queue, connection=redis_client)
+    queue.empty()
+    clock.advance(20)
+    bridge.renew(["live"])  # "ended" stops renewing; its lease runs out
+    clock.advance(coordination.settings.lease_ttl_s)
+
+    report = rebuild(coordination, now_ms=clock())
+
+    assert report.woken == ("live",) and report.retired == ("ended",)
+    assert [job.args for job in queue.jobs] == [("live", None)]
+    assert coordination.wakes.current("ended") is None
+    assert coordination.followups.waiting("ended") == 0
+    assert not redis_client.exists(coordination.keys.followups("ended"))
+    assert coordination.leases.queue_of("ended") is None
+    assert coordination.wakes.current("live") is not None
+    assert coordination.followups.waiting("live") == 1
