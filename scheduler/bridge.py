@@ -79,11 +79,7 @@ class HostBridge:
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown)."""
-        with self._coord.locks.hold(agent, wait_s=self._coord.settings.tool_lock_wait_s):
-            self._coord.wakes.cancel(agent)
-            self._coord.leases.drop(agent)
-            self._coord.phase.forget(agent)
-            self._coord.followups.drop(agent)
+        self._coord.forget_agent(agent)
         self._ledgers.forget(agent)
 
     # -- turns ----------------------------------------------------------------------

@@ -34,21 +34,12 @@ def rebuild(coord: Coordination, *, now_ms: int) -> RebuildReport:
         coord.trigger(agent)
     retired = coord.leases.expired_agents(now_ms=now_ms)
     for agent in retired:
-        retire_agent(coord, agent)
+        coord.forget_agent(agent)
     return RebuildReport(woken=tuple(live), retired=tuple(retired))
 
 
-def retire_agent(coord: Coordination, agent: str) -> None:
-    """Drop an ended agent's Redis state; its session log keeps every record."""
-    with coord.locks.hold(agent, wait_s=coord.settings.tool_lock_wait_s):
-        coord.wakes.cancel(agent)
-        coord.leases.drop(agent)
-        coord.phase.forget(agent)
-        coord.followups.drop(agent)
-
-
 class SchedulerLoop:
-    def __init__(self, coord: Coordination, *, clock_s: float | None = None) -> None:
+    def __init__(self, coord: Coordination) -> None:
         self._coord = coord
         self.stop = threading.Event()
 

@@ -47,3 +47,15 @@ class Coordination:
         """Enqueue an immediate wake on the agent's queue."""
         queue = self.leases.queue_of(agent) or self.settings.queue
         self.wakes.trigger(agent, queue)
+
+    def forget_agent(self, agent: str) -> None:
+        """Drop everything Redis holds for an agent; its session log keeps every record.
+
+        Takes the agent's lock, so no transaction is half-way through. Never touches the
+        log: disposal appends no delete records.
+        """
+        with self.locks.hold(agent, wait_s=self.settings.tool_lock_wait_s):
+            self.wakes.cancel(agent)
+            self.leases.drop(agent)
+            self.phase.forget(agent)
+            self.followups.drop(agent)
