@@ -75,8 +75,12 @@ class WakeProjection:
             self._retire(agent, previous)
             return None
         job_id = wake_job_id(agent, target_ms)
-        if job_id == previous and self.is_scheduled(job_id):
-            return job_id
+        if (
+            previous is not None
+            and (previous == job_id or previous.startswith(f"{job_id}_"))
+            and self.is_scheduled(previous)
+        ):
+            return previous  # already armed for this second (maybe under a suffixed id)
         if self._client.exists(Job.key_for(job_id)):
             # Queued, running or failed under this id: never re-schedule it.
             job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(agent))}"

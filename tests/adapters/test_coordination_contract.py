@@ -1,0 +1,116 @@
+"""Coordination over all ports together (DESIGN §2, §6.2, §6.4), on the fake and the real Redis.
+
+Each port has its own contract suite beside this one; here: the owner's re-arm and the
+immediate wake follow the lease's queue, and every key any port writes carries the prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from rq.job import Job
+
+from shared.coordination import Coordination
+from shared.fold import EMPTY, FoldState
+from shared.followups import Pair
+from shared.instant import format_instant
+from shared.records import AtSchedule
+
+AGENT = "agent-1"
+T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
+TARGET = T0 + 3_600_500  # an hour and half a second later
+LEASE_S = 60.0
+
+
+def waiting_for(target_ms: int) -> FoldState:
+    record = AtSchedule(id="schedule-1", prompt="call back", scheduledAt=format_instant(target_ms))
+    return FoldState(active=(record,), created=frozenset({"schedule-1"}))
+
+
+def queued(client: redis.Redis, queue: str) -> list[str]:
+    ids: Any = client.lrange(f"rq:queue:{queue}", 0, -1)
+    return [i.decode() for i in ids]
+
+
+def test_rearm_of_an_agent_without_a_lease_arms_nothing(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    assert coordination.rearm(AGENT, waiting_for(TARGET), T0) is None
+    assert coordination.wakes.current(AGENT) is None
+    assert redis_client.dbsize() == 0
+
+
+def test_rearm_arms_the_next_decision_time_on_the_lease_queue(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    # given a live agent whose lease names its queue
+    coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
+    # when the owner re-arms with a record waiting for TARGET
+    job_id = coordination.rearm(AGENT, waiting_for(TARGET), T0)
+    # then the wake is scheduled at TARGET's second, for the lease's queue
+    assert job_id is not None
+    assert coordination.wakes.is_scheduled(job_id)
+    assert redis_client.zscore(coordination.keys.scheduled_jobs(), job_id) == TARGET // 1000
+    assert Job.fetch(job_id, connection=redis_client).origin == "beside-the-store"
+
+
+def test_rearm_with_nothing_active_retires_the_wake(coordination: Coordination) -> None:
+    coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
+    armed = coordination.rearm(AGENT, waiting_for(TARGET), T0)
+    assert armed is not None
+    assert coordination.rearm(AGENT, EMPTY, T0) is None
+    assert coordination.wakes.current(AGENT) is None
+    assert not coordination.wakes.is_scheduled(armed)
+
+
+def test_rearm_with_something_overdue_arms_now(coordination: Coordination) -> None:
+    coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
+    job_id = coordination.rearm(AGENT, waiting_for(T0 - 1_000), T0)
+    assert job_id == coordination.wakes.current(AGENT)
+    assert job_id is not None and job_id.endswith(f"_{T0 // 1000}")
+
+
+def test_trigger_uses_the_lease_queue_and_falls_back_to_the_configured_one(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    # without a lease: the configured queue
+    coordination.trigger(AGENT)
+    assert len(queued(redis_client, coordination.settings.queue)) == 1
+    # with a lease: the queue it names
+    coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
+    coordination.trigger(AGENT)
+    assert len(queued(redis_client, "beside-the-store")) == 1
+    assert len(queued(redis_client, coordination.settings.queue)) == 1
+
+
+def test_every_key_of_every_port_is_under_the_prefix(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    # given every port used for one agent
+    keys, queue = coordination.keys, coordination.settings.queue
+    coordination.leases.grant(AGENT, queue, now_ms=T0, ttl_s=LEASE_S)
+    assert coordination.phase.claim_turn(AGENT, "t1", 10.0)
+    assert not coordination.phase.claim_maintenance(AGENT, "m1", 10.0)
+    coordination.followups.add(AGENT, "text", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
+    coordination.rearm(AGENT, waiting_for(TARGET), T0)
+    coordination.wakes.move_due(TARGET)
+    coordination.rearm(AGENT, waiting_for(TARGET), T0)
+    coordination.trigger(AGENT)
+    with coordination.locks.hold(AGENT, wait_s=0.0):
+        # when the keyspace is listed
+        written = {k.decode() for k in redis_client.scan_iter(match="*")}
+    # then all but rq's own job, queue and queue-registry keys carry the prefix
+    rq_own = {k for k in written if k.startswith(("rq:job:", "rq:queue:")) or k == "rq:queues"}
+    assert written - rq_own == {
+        keys.lock(AGENT),
+        keys.phase(AGENT),
+        keys.idle_waiter(AGENT),
+        keys.live(),
+        keys.lease_queue(),
+        keys.followups(AGENT),
+        keys.current_wake(AGENT),
+        keys.wake_counter(AGENT),
+        keys.scheduled_jobs(),
+    }
+    assert all(k.startswith(keys.prefix) for k in written - rq_own)

@@ -1,0 +1,177 @@
+"""The followup stream contract (DESIGN §6.4 "Followups"), on the fake and the real Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from shared.followups import FollowupEntry, Followups, Pair
+from shared.keys import Keys
+from shared.leases import Leases
+from shared.settings import Settings
+
+AGENT = "agent-1"
+SINGLE_TEXT = '[SCHEDULE REMINDER]\nreminder_prompt_json: "call Ana \u2603"'
+SINGLE = (Pair(scheduleId="schedule-1", occurrenceAt="2026-12-01T16:00:00.000Z"),)
+BATCH_TEXT = "[SCHEDULE REMINDER BATCH]\nreminders_json: [...]"
+BATCH = (
+    Pair(scheduleId="schedule-3", occurrenceAt="2026-12-01T10:00:00.000Z"),
+    Pair(scheduleId="schedule-2", occurrenceAt="2026-12-01T09:30:00.000Z"),
+)
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Keys:
+    return Keys(settings.prefix)
+
+
+@pytest.fixture
+def followups(redis_client: redis.Redis, keys: Keys) -> Followups:
+    """The stream with its consumer group, as a lease creates it."""
+    Leases(redis_client, keys).ensure_group(AGENT)
+    return Followups(redis_client, keys)
+
+
+def ids(entries: list[FollowupEntry]) -> list[str]:
+    return [e.entry_id for e in entries]
+
+
+def test_entries_keep_text_and_pairs_in_order(followups: Followups) -> None:
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    assert followups.entries(AGENT) == [
+        FollowupEntry(entry_id=first, text=SINGLE_TEXT, pairs=SINGLE),
+        FollowupEntry(entry_id=second, text=BATCH_TEXT, pairs=BATCH),
+    ]
+    assert followups.waiting(AGENT) == 2
+
+
+def test_pairs_are_stored_as_compact_json(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    raw: Any = redis_client.xrange(keys.followups(AGENT))
+    ((_, fields),) = raw
+    assert fields[b"pairs"] == (
+        b'[{"scheduleId":"schedule-1","occurrenceAt":"2026-12-01T16:00:00.000Z"}]'
+    )
+
+
+def test_an_empty_stream_has_no_entries(followups: Followups) -> None:
+    assert followups.entries(AGENT) == []
+    assert followups.waiting(AGENT) == 0
+    assert followups.read(AGENT, "host-1") == []
+
+
+def test_read_returns_new_entries_then_the_consumers_unacknowledged_ones(
+    followups: Followups,
+) -> None:
+    # given two entries
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    # when a host reads them and crashes before acknowledging
+    delivered = followups.read(AGENT, "host-1")
+    assert ids(delivered) == [first, second]
+    assert delivered == followups.entries(AGENT)
+    # then its next read returns the same entries again (crash recovery)
+    assert followups.read(AGENT, "host-1") == delivered
+    # and another consumer of the group gets nothing new
+    assert followups.read(AGENT, "host-2") == []
+
+
+def test_unacknowledged_entries_come_before_new_ones(followups: Followups) -> None:
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    assert ids(followups.read(AGENT, "host-1")) == [first]
+    later = followups.add(AGENT, BATCH_TEXT, BATCH)
+    # the pending one first; the new one once the pending one is done
+    assert ids(followups.read(AGENT, "host-1")) == [first]
+    followups.done(AGENT, first)
+    assert ids(followups.read(AGENT, "host-1")) == [later]
+
+
+def test_done_acknowledges_and_deletes(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    # given two entries read by a host
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    followups.read(AGENT, "host-1")
+    # when the host is done with the first one
+    followups.done(AGENT, first)
+    # then only the second is left, in the stream and among the pending
+    assert ids(followups.entries(AGENT)) == [second]
+    assert followups.waiting(AGENT) == 1
+    assert ids(followups.read(AGENT, "host-1")) == [second]
+    # and when it is done with the second, nothing is left anywhere
+    followups.done(AGENT, second)
+    assert followups.waiting(AGENT) == 0
+    assert followups.read(AGENT, "host-1") == []
+    pending = redis_client.xpending(keys.followups(AGENT), "host")
+    assert pending["pending"] == 0
+
+
+def test_done_on_an_entry_never_read_deletes_it(followups: Followups) -> None:
+    entry = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    followups.done(AGENT, entry)
+    assert followups.waiting(AGENT) == 0
+    assert followups.read(AGENT, "host-1") == []
+
+
+def test_claim_stale_hands_over_what_another_consumer_left(followups: Followups) -> None:
+    # given entries a crashed host read but never acknowledged
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    followups.read(AGENT, "crashed-host")
+    # when another host claims entries idle for at least 0 ms
+    claimed = followups.claim_stale(AGENT, "host-2", min_idle_ms=0)
+    # then it gets them whole, and from now on they are its own pending entries
+    assert claimed == followups.entries(AGENT)
+    assert ids(claimed) == [first, second]
+    assert ids(followups.read(AGENT, "host-2")) == [first, second]
+    assert followups.read(AGENT, "crashed-host") == []
+
+
+def test_claim_stale_leaves_entries_that_are_not_idle_long_enough(followups: Followups) -> None:
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    followups.read(AGENT, "busy-host")
+    assert followups.claim_stale(AGENT, "host-2", min_idle_ms=3_600_000) == []
+    assert len(followups.read(AGENT, "busy-host")) == 1
+
+
+def test_claim_stale_skips_entries_already_done(followups: Followups) -> None:
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    followups.read(AGENT, "crashed-host")
+    followups.done(AGENT, first)
+    assert ids(followups.claim_stale(AGENT, "host-2", min_idle_ms=0)) == [second]
+
+
+def test_streams_of_different_agents_are_independent(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    Leases(redis_client, keys).ensure_group("agent-2")
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    other = followups.add("agent-2", BATCH_TEXT, BATCH)
+    assert ids(followups.read("agent-2", "host-1")) == [other]
+    assert followups.waiting(AGENT) == 1
+
+
+def test_drop_removes_the_stream(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    followups.read(AGENT, "host-1")
+    followups.drop(AGENT)
+    assert redis_client.exists(keys.followups(AGENT)) == 0
+    assert followups.entries(AGENT) == []
+    assert followups.waiting(AGENT) == 0
+
+
+def test_followup_keys_are_under_the_prefix(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    written = [k.decode() for k in redis_client.scan_iter(match="*")]
+    assert written == [keys.followups(AGENT)]

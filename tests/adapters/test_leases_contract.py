@@ -1,0 +1,153 @@
+"""The live-lease contract (DESIGN §6.4 "Install and leases"), on the fake and the real Redis."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from shared.followups import Followups, Pair
+from shared.keys import STREAM_GROUP, Keys
+from shared.leases import Leases
+from shared.settings import Settings
+
+AGENT = "agent-1"
+QUEUE = "queue-a"
+T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
+TTL_S = 60.0
+EXPIRY = T0 + 60_000
+
+
+@pytest.fixture
+def keys(settings: Settings) -> Keys:
+    return Keys(settings.prefix)
+
+
+@pytest.fixture
+def leases(redis_client: redis.Redis, keys: Keys) -> Leases:
+    return Leases(redis_client, keys)
+
+
+def group_names(client: redis.Redis, keys: Keys, agent: str = AGENT) -> list[str]:
+    groups = client.xinfo_groups(keys.followups(agent))
+    return [g["name"].decode() if isinstance(g["name"], bytes) else g["name"] for g in groups]
+
+
+@pytest.mark.parametrize(
+    ("second_grant_ms", "new"),
+    [
+        (T0 + 20_000, False),  # renewal of a valid lease
+        (EXPIRY, False),  # renewal at the last live millisecond
+        (EXPIRY + 1, True),  # the old lease had expired: the resumed agent is new again
+    ],
+    ids=["renewal", "renewal-at-expiry", "after-expiry"],
+)
+def test_a_grant_reports_whether_the_lease_is_new(
+    leases: Leases, second_grant_ms: int, new: bool
+) -> None:
+    assert leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S) is True
+    assert leases.grant(AGENT, QUEUE, now_ms=second_grant_ms, ttl_s=TTL_S) is new
+    assert leases.is_live(AGENT, now_ms=second_grant_ms + 60_000) is True
+
+
+@pytest.mark.parametrize(
+    ("now_ms", "live"),
+    [(T0, True), (EXPIRY - 1, True), (EXPIRY, True), (EXPIRY + 1, False)],
+    ids=["at-grant", "before-expiry", "at-expiry", "after-expiry"],
+)
+def test_liveness_is_judged_by_the_now_passed_in(leases: Leases, now_ms: int, live: bool) -> None:
+    # given one lease granted at T0 for 60 s and one that stays live throughout
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.grant("agent-long", QUEUE, now_ms=T0, ttl_s=3600.0)
+    # then every view agrees on the agent at that instant
+    assert leases.is_live(AGENT, now_ms=now_ms) is live
+    assert (AGENT in leases.live_agents(now_ms=now_ms)) is live
+    assert (AGENT in leases.expired_agents(now_ms=now_ms)) is not live
+    assert "agent-long" in leases.live_agents(now_ms=now_ms)
+    assert "agent-long" not in leases.expired_agents(now_ms=now_ms)
+
+
+def test_an_unknown_agent_is_neither_live_nor_expired(leases: Leases) -> None:
+    assert leases.is_live(AGENT, now_ms=T0) is False
+    assert leases.live_agents(now_ms=T0) == []
+    assert leases.expired_agents(now_ms=T0) == []
+    assert leases.queue_of(AGENT) is None
+
+
+def test_the_lease_records_the_queue_and_a_renewal_moves_it(leases: Leases) -> None:
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.grant("agent-2", "queue-b", now_ms=T0, ttl_s=TTL_S)
+    assert leases.queue_of(AGENT) == QUEUE
+    assert leases.queue_of("agent-2") == "queue-b"
+    leases.grant(AGENT, "queue-c", now_ms=T0 + 1_000, ttl_s=TTL_S)
+    assert leases.queue_of(AGENT) == "queue-c"
+
+
+def test_drop_forgets_the_lease_and_its_queue(leases: Leases) -> None:
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.grant("agent-2", QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.drop(AGENT)
+    assert leases.is_live(AGENT, now_ms=T0) is False
+    assert leases.queue_of(AGENT) is None
+    assert leases.live_agents(now_ms=T0) == ["agent-2"]
+    assert leases.expired_agents(now_ms=EXPIRY + 1) == ["agent-2"]
+    # and a later grant is new again
+    assert leases.grant(AGENT, QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) is True
+
+
+def test_a_grant_creates_the_followup_group(
+    leases: Leases, redis_client: redis.Redis, keys: Keys
+) -> None:
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    assert group_names(redis_client, keys) == [STREAM_GROUP]
+    # and a renewal does not fail on the existing group (BUSYGROUP)
+    assert leases.grant(AGENT, QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) is False
+    leases.ensure_group(AGENT)
+    assert group_names(redis_client, keys) == [STREAM_GROUP]
+
+
+def test_a_grant_recreates_what_a_flushed_redis_lost(
+    leases: Leases, redis_client: redis.Redis, keys: Keys
+) -> None:
+    # given a live agent, then Redis flushed
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    redis_client.flushdb()
+    # when the host renews the lease
+    new = leases.grant(AGENT, QUEUE, now_ms=T0 + 20_000, ttl_s=TTL_S)
+    # then the lease counts as new, and the lease, queue and consumer group are back
+    assert new is True
+    assert leases.is_live(AGENT, now_ms=T0 + 20_000)
+    assert leases.queue_of(AGENT) == QUEUE
+    assert group_names(redis_client, keys) == [STREAM_GROUP]
+    # and a second renewal does not fail on the re-created group
+    assert leases.grant(AGENT, QUEUE, now_ms=T0 + 40_000, ttl_s=TTL_S) is False
+    # and the group works: an entry added now is read by a host consumer
+    followups = Followups(redis_client, keys)
+    followups.add(AGENT, "hello", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
+    assert [e.text for e in followups.read(AGENT, "host-1")] == ["hello"]
+
+
+def test_a_grant_recreates_the_group_when_only_the_stream_was_deleted(
+    leases: Leases, redis_client: redis.Redis, keys: Keys
+) -> None:
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    redis_client.delete(keys.followups(AGENT))
+    assert leases.grant(AGENT, QUEUE, now_ms=T0 + 20_000, ttl_s=TTL_S) is False
+    assert group_names(redis_client, keys) == [STREAM_GROUP]
+
+
+def test_a_group_over_an_existing_stream_sees_its_entries(
+    leases: Leases, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Entries re-projected before the lease came back are not skipped by the new group."""
+    followups = Followups(redis_client, keys)
+    followups.add(AGENT, "early", [])
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    assert [e.text for e in followups.read(AGENT, "host-1")] == ["early"]
+
+
+def test_lease_keys_are_under_the_prefix(
+    leases: Leases, redis_client: redis.Redis, keys: Keys
+) -> None:
+    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    written = sorted(k.decode() for k in redis_client.scan_iter(match="*"))
+    assert written == sorted([keys.live(), keys.lease_queue(), keys.followups(AGENT)])
