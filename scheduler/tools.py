@@ -8,8 +8,8 @@ A fence conflict re-reads, re-folds and re-decides; it is not an error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final
 
 import redis
@@ -43,6 +43,16 @@ class _Uncertain(Exception):
 
     def __init__(self, schedule_id: str | None = None) -> None:
         self.schedule_id = schedule_id
+
+
+class _Recompute:
+    """The fold the owner should recompute from when the transaction ends."""
+
+    def __init__(self) -> None:
+        self.state: FoldState | None = None
+
+    def confirmed(self, state: FoldState) -> None:
+        self.state = state
 
 
 class ScheduleTools:
@@ -90,9 +100,9 @@ class ScheduleTools:
 
     def _create(self, agent: str, args: Any) -> ToolResult:
         request = parse_create_args(args)
-        with self._locked(agent):
+        with self._locked(agent), self._owner(agent) as owner:
             for _ in range(FENCE_RETRIES):
-                session, state = self._preflight(agent)
+                session, state = self._preflight(agent, owner)
                 now = self._clock()
 
                 def zone(session: Session = session) -> str:
@@ -104,21 +114,21 @@ class ScheduleTools:
                 except FenceConflict:
                     continue
                 self._barrier(agent, change.schedule.id)
-                self._recompute(agent, state, now)
+                owner.confirmed(state)
                 return ok_result(schedule_view(change.schedule, state, now))
         raise RuntimeError("fence conflicts persisted")
 
     def _list(self, agent: str, args: Any) -> ToolResult:
         parse_list_args(args)
-        with self._locked(agent):
-            _session, state = self._preflight(agent)
+        with self._locked(agent), self._owner(agent) as owner:
+            _session, state = self._preflight(agent, owner)
             return ok_result(list_value(state, self._clock()))
 
     def _delete(self, agent: str, args: Any) -> ToolResult:
         schedule_id = parse_delete_args(args)
-        with self._locked(agent):
+        with self._locked(agent), self._owner(agent) as owner:
             for _ in range(FENCE_RETRIES):
-                session, state = self._preflight(agent)
+                session, state = self._preflight(agent, owner)
                 now = self._clock()
                 if state.find(schedule_id) is None:
                     return ok_result(delete_value(schedule_id, deleted=False))
@@ -127,7 +137,7 @@ class ScheduleTools:
                 except FenceConflict:
                     continue
                 self._barrier(agent, schedule_id)
-                self._recompute(agent, state, now)
+                owner.confirmed(state)
                 return ok_result(delete_value(schedule_id, deleted=True))
         raise RuntimeError("fence conflicts persisted")
 
@@ -136,7 +146,18 @@ class ScheduleTools:
     def _locked(self, agent: str) -> AbstractContextManager[None]:
         return self._coord.locks.hold(agent, wait_s=self._coord.settings.tool_lock_wait_s)
 
-    def _preflight(self, agent: str) -> tuple[Session, FoldState]:
+    @contextmanager
+    def _owner(self, agent: str) -> Iterator[_Recompute]:
+        """Ask the owner to recompute once, as the transaction ends, from the latest
+        confirmed fold (the preflight's, or the mutation's once its barrier passed)."""
+        owner = _Recompute()
+        try:
+            yield owner
+        finally:
+            if owner.state is not None:
+                self._coord.rearm(agent, owner.state, self._clock())
+
+    def _preflight(self, agent: str, owner: _Recompute) -> tuple[Session, FoldState]:
         """Flush, then fold the confirmed log; a successful preflight asks for a recompute."""
         try:
             self._store.flush(agent)
@@ -144,7 +165,7 @@ class ScheduleTools:
         except PersistenceError as exc:
             log.warning("preflight failed for %s: %s", agent, exc.reason)
             raise _Uncertain() from None
-        self._recompute(agent, state, self._clock())
+        owner.confirmed(state)
         return session, state
 
     def _append(
@@ -170,5 +191,3 @@ class ScheduleTools:
             log.warning("barrier failed for %s: %s", agent, exc.reason)
             raise _Uncertain(schedule_id) from None
 
-    def _recompute(self, agent: str, state: FoldState, now: int) -> None:
-        self._coord.rearm(agent, state, now)

@@ -38,10 +38,16 @@ class Coordination:
 
         Only a live agent is armed, on the queue its lease names. Hold the agent's lock.
         """
-        if not self.leases.is_live(agent, now_ms=now_ms):
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zscore(self.keys.live(), agent)
+            pipe.hget(self.keys.lease_queue(), agent)
+            pipe.get(self.keys.current_wake(agent))
+            expiry, queue, current = pipe.execute()
+        if expiry is None or expiry < now_ms:
             return None
-        queue = self.leases.queue_of(agent) or self.settings.queue
-        return self.wakes.arm(agent, next_wake_ms(state, now_ms), queue)
+        queue_name = queue.decode() if isinstance(queue, bytes) else self.settings.queue
+        previous = current.decode() if isinstance(current, bytes) else None
+        return self.wakes.arm(agent, next_wake_ms(state, now_ms), queue_name, previous=previous)
 
     def trigger(self, agent: str) -> None:
         """Enqueue an immediate wake on the agent's queue."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, overload
 
 import msgspec
 
@@ -35,11 +37,60 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     data: Any
 
 
+class EventLog(Sequence[Event]):
+    """A read-only view of the first ``length`` events of an append-only list.
+
+    Stores hand these out instead of copying a long log on every read: the list they
+    cache only ever grows, so a view taken at one length keeps seeing exactly those
+    events, whatever is appended later.
+    """
+
+    __slots__ = ("_base", "_length")
+
+    def __init__(self, base: list[Event], length: int | None = None) -> None:
+        self._base = base
+        self._length = len(base) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._length)
+            return tuple(self._base[start:stop:step])
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("event index out of range")
+        return self._base[index]
+
+    def __iter__(self) -> Iterator[Event]:
+        return itertools.islice(self._base, self._length)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == self._length and all(
+            a == b for a, b in zip(self, other, strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EventLog(length={self._length})"
+
+
 class Session(msgspec.Struct, frozen=True, kw_only=True):
-    """A header and its events, as read from a store."""
+    """A header and its events, as read from a store (``events[i].seq == i``)."""
 
     header: SessionHeader
-    events: tuple[Event, ...]
+    events: Sequence[Event]
 
     @property
     def seed_length(self) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Final
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -28,6 +29,7 @@ def format_instant(ms: int) -> str:
     )
 
 
+@lru_cache(maxsize=65536)
 def parse_instant(text: str) -> int:
     """Parse a canonical UTC instant; ValueError for anything not exactly canonical."""
     m = _CANONICAL.fullmatch(text)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from shared.errors import FenceConflict, PersistenceError
-from shared.events import Event, NewEvent, Session, SessionHeader
+from shared.events import Event, EventLog, NewEvent, Session, SessionHeader
 from shared.fold import FoldState
 from shared.store import (
     IncrementalFold,
@@ -138,7 +138,7 @@ class _Tail:
         """The parsed session; PersistenceError when the file has no complete header."""
         header = self.require_header(session_id)
         if self._session is None:
-            self._session = Session(header=header, events=tuple(self.events))
+            self._session = Session(header=header, events=EventLog(self.events))
         return self._session
 
     def appended(self, events: tuple[Event, ...], size: int, checked: FoldState | None) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from shared.errors import FenceConflict, PersistenceError
-from shared.events import Event, NewEvent, Session, SessionHeader
+from shared.events import Event, EventLog, NewEvent, Session, SessionHeader
 from shared.fold import FoldState
 from shared.store import (
     IncrementalFold,
@@ -38,7 +38,7 @@ class _Log:
         self.fold = IncrementalFold(header.seedLength or 0)
 
     def session(self) -> Session:
-        return Session(header=self.header, events=tuple(self.events))
+        return Session(header=self.header, events=EventLog(self.events))
 
 
 class MemoryStore:
