@@ -30,8 +30,10 @@ class RebuildReport(msgspec.Struct, frozen=True, kw_only=True):
 def rebuild(coord: Coordination, *, now_ms: int) -> RebuildReport:
     """Enqueue a wake for every live agent; remove what Redis holds for ended agents."""
     live = coord.leases.live_agents(now_ms=now_ms)
-    for agent in live:
-        coord.trigger(agent)
+    by_queue: dict[str, list[str]] = {}
+    for agent, queue in zip(live, coord.leases.queues_of(live), strict=True):
+        by_queue.setdefault(queue or coord.settings.queue, []).append(agent)
+    coord.wakes.trigger_many(by_queue)
     retired = coord.leases.expired_agents(now_ms=now_ms)
     for agent in retired:
         coord.forget_agent(agent)

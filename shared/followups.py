@@ -56,10 +56,35 @@ class Followups:
         raw: Any = self._client.xrange(self._keys.followups(agent))
         return [_entry(entry_id, fields) for entry_id, fields in raw]
 
+    def ensure_group(self, agent: str) -> None:
+        """Create the stream's consumer group from its first entry (idempotent)."""
+        try:
+            self._client.xgroup_create(
+                self._keys.followups(agent), STREAM_GROUP, id="0", mkstream=True
+            )
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
     def read(
         self, agent: str, consumer: str, *, count: int = 16, block_ms: int | None = None
     ) -> list[FollowupEntry]:
-        """Entries for this consumer: its own unacknowledged ones first, then new ones."""
+        """Entries for this consumer: its own unacknowledged ones first, then new ones.
+
+        The consumer group is created here when Redis has none (a first entry, or a
+        flushed Redis); created from the stream's start, it skips no entry.
+        """
+        try:
+            return self._read(agent, consumer, count=count, block_ms=block_ms)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        self.ensure_group(agent)
+        return self._read(agent, consumer, count=count, block_ms=block_ms)
+
+    def _read(
+        self, agent: str, consumer: str, *, count: int, block_ms: int | None
+    ) -> list[FollowupEntry]:
         key = self._keys.followups(agent)
         found: list[FollowupEntry] = []
         for start in ("0", ">"):
@@ -75,9 +100,14 @@ class Followups:
 
     def claim_stale(self, agent: str, consumer: str, *, min_idle_ms: int) -> list[FollowupEntry]:
         """Take over entries another consumer read but never acknowledged (a crashed host)."""
-        result: Any = self._client.xautoclaim(
-            self._keys.followups(agent), STREAM_GROUP, consumer, min_idle_ms, "0-0"
-        )
+        try:
+            result: Any = self._client.xautoclaim(
+                self._keys.followups(agent), STREAM_GROUP, consumer, min_idle_ms, "0-0"
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            return []
         items = result[1] if len(result) > 1 else []
         return [_entry(i, f) for i, f in items if f]
 

@@ -1,8 +1,9 @@
 """Live-agent leases (DESIGN §6.4): which agents are live, and on which rq queue.
 
 A lease is an entry in one ZSET (agent -> expiry, epoch ms) plus the agent's queue in one
-HASH. Granting or renewing re-creates whatever Redis lost, the followup consumer group
-included; a new lease reports itself so that the caller enqueues an immediate wake.
+HASH. Granting or renewing re-creates whatever Redis lost; a new lease reports itself so
+that the caller enqueues an immediate wake. (The followup consumer group is re-created
+by its reader, the moment the stream holds entries: see ``Followups.read``.)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import redis
 
-from shared.keys import STREAM_GROUP, Keys
+from shared.keys import Keys
 
 # KEYS[1] live zset, KEYS[2] lease-queue hash; ARGV[1] agent, ARGV[2] expiry ms,
 # ARGV[3] now ms, ARGV[4] queue. Returns 1 when the agent had no valid lease before.
@@ -39,17 +40,7 @@ class Leases:
             keys=[self._keys.live(), self._keys.lease_queue()],
             args=[agent, expiry, now_ms, queue],
         )
-        self.ensure_group(agent)
         return bool(new)
-
-    def ensure_group(self, agent: str) -> None:
-        try:
-            self._client.xgroup_create(
-                self._keys.followups(agent), STREAM_GROUP, id="0", mkstream=True
-            )
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
 
     def is_live(self, agent: str, *, now_ms: int) -> bool:
         score = self._client.zscore(self._keys.live(), agent)
@@ -58,6 +49,13 @@ class Leases:
     def queue_of(self, agent: str) -> str | None:
         value = self._client.hget(self._keys.lease_queue(), agent)
         return value.decode() if isinstance(value, bytes) else None
+
+    def queues_of(self, agents: list[str]) -> list[str | None]:
+        """``queue_of`` for many agents in one round trip."""
+        if not agents:
+            return []
+        values: list[Any] = self._client.hmget(self._keys.lease_queue(), agents)
+        return [v.decode() if isinstance(v, bytes) else None for v in values]
 
     def live_agents(self, *, now_ms: int) -> list[str]:
         members: list[Any] = self._client.zrangebyscore(self._keys.live(), now_ms, "+inf")

@@ -31,6 +31,8 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"rq_sched
 log = logging.getLogger(__name__)
 
 WAKE_FUNC: Final = "worker.job.wake"
+WAKE_MANY_FUNC: Final = "worker.job.wake_many"
+WAKE_BATCH: Final = 100
 WAKE_TIMEOUT_S: Final = 120
 
 
@@ -124,6 +126,28 @@ class WakeProjection:
         Queue(queue, connection=self._client).enqueue(
             WAKE_FUNC, agent, None, result_ttl=0, job_timeout=WAKE_TIMEOUT_S
         )
+
+    def trigger_many(self, agents_by_queue: dict[str, list[str]]) -> int:
+        """Enqueue immediate wakes for many agents: one rq job per ``WAKE_BATCH`` agents
+        of a queue, all in one pipelined round trip. Returns the number of jobs."""
+        jobs = 0
+        with self._client.pipeline() as pipe:
+            for queue_name, agents in agents_by_queue.items():
+                queue = Queue(queue_name, connection=self._client)
+                batches = [agents[i : i + WAKE_BATCH] for i in range(0, len(agents), WAKE_BATCH)]
+                queue.enqueue_many(
+                    [
+                        Queue.prepare_data(
+                            WAKE_MANY_FUNC, args=(batch,), result_ttl=0,
+                            timeout=WAKE_TIMEOUT_S * 10,
+                        )
+                        for batch in batches
+                    ],
+                    pipeline=pipe,
+                )
+                jobs += len(batches)
+            pipe.execute()
+        return jobs
 
     def cancel(self, agent: str) -> None:
         """Remove the agent's current wake (disposal)."""

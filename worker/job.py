@@ -6,7 +6,11 @@ only names this function by its import path, so the two packages never import ea
 
 from __future__ import annotations
 
+import logging
+
 from worker.due import DueOwner
+
+log = logging.getLogger(__name__)
 
 _owner: DueOwner | None = None
 
@@ -21,3 +25,12 @@ def wake(agent: str, target_ms: int | None) -> None:
     if _owner is None:
         raise RuntimeError("no due owner installed in this worker process")
     _owner.wake(agent, target_ms)
+
+
+def wake_many(agents: list[str]) -> None:
+    """A rebuild's batch: wake each agent in turn; one agent's failure spares the rest."""
+    for agent in agents:
+        try:
+            wake(agent, None)
+        except Exception:
+            log.exception("wake for %s failed", agent)

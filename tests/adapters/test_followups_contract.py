@@ -9,7 +9,6 @@ import redis
 
 from shared.followups import FollowupEntry, Followups, Pair
 from shared.keys import Keys
-from shared.leases import Leases
 from shared.settings import Settings
 
 AGENT = "agent-1"
@@ -29,9 +28,10 @@ def keys(settings: Settings) -> Keys:
 
 @pytest.fixture
 def followups(redis_client: redis.Redis, keys: Keys) -> Followups:
-    """The stream with its consumer group, as a lease creates it."""
-    Leases(redis_client, keys).ensure_group(AGENT)
-    return Followups(redis_client, keys)
+    """The stream with its consumer group, as its first read creates it."""
+    followups = Followups(redis_client, keys)
+    followups.ensure_group(AGENT)
+    return followups
 
 
 def ids(entries: list[FollowupEntry]) -> list[str]:
@@ -151,7 +151,7 @@ def test_claim_stale_skips_entries_already_done(followups: Followups) -> None:
 def test_streams_of_different_agents_are_independent(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    Leases(redis_client, keys).ensure_group("agent-2")
+    followups.ensure_group("agent-2")
     followups.add(AGENT, SINGLE_TEXT, SINGLE)
     other = followups.add("agent-2", BATCH_TEXT, BATCH)
     assert ids(followups.read("agent-2", "host-1")) == [other]
@@ -175,3 +175,28 @@ def test_followup_keys_are_under_the_prefix(
     followups.add(AGENT, SINGLE_TEXT, SINGLE)
     written = [k.decode() for k in redis_client.scan_iter(match="*")]
     assert written == [keys.followups(AGENT)]
+
+
+@pytest.mark.parametrize("flush_first", [False, True])
+def test_the_first_read_creates_the_group_and_skips_no_entry(
+    redis_client: redis.Redis, keys: Keys, flush_first: bool
+) -> None:
+    """No group yet (a new stream, or a flushed Redis): the reader creates it from the
+    stream's start, so entries added before are still delivered."""
+    followups = Followups(redis_client, keys)
+    if flush_first:
+        followups.ensure_group(AGENT)
+        redis_client.flushdb()
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    assert ids(followups.read(AGENT, "host-1")) == [first, second]
+    # and a second ensure does not fail on the existing group (BUSYGROUP)
+    followups.ensure_group(AGENT)
+
+
+def test_claim_stale_without_a_group_claims_nothing(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    followups = Followups(redis_client, keys)
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    assert followups.claim_stale(AGENT, "host-1", min_idle_ms=0) == []

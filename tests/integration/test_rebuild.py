@@ -33,10 +33,30 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
     report = rebuild(coordination, now_ms=clock())
 
     assert report.woken == ("live",) and report.retired == ("ended",)
-    assert [job.args for job in queue.jobs] == [("live", None)]
+    assert [(job.func_name, job.args) for job in queue.jobs] == [
+        ("worker.job.wake_many", (["live"],))
+    ]
     assert coordination.wakes.current("ended") is None
     assert coordination.followups.waiting("ended") == 0
     assert not redis_client.exists(coordination.keys.followups("ended"))
     assert coordination.leases.queue_of("ended") is None
     assert coordination.wakes.current("live") is not None
     assert coordination.followups.waiting("live") == 1
+
+
+def test_rebuild_batches_many_agents_per_job_on_their_own_queues(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    clock = FakeClock()
+    agents = [f"agent-{i:03d}" for i in range(250)]
+    for i, agent in enumerate(agents):
+        queue = "other" if i % 2 else coordination.settings.queue
+        coordination.leases.grant(agent, queue, now_ms=clock(), ttl_s=60)
+
+    report = rebuild(coordination, now_ms=clock())
+
+    assert sorted(report.woken) == agents
+    for name, expected in [(coordination.settings.queue, agents[0::2]), ("other", agents[1::2])]:
+        jobs = Queue(name, connection=redis_client).jobs
+        assert [len(job.args[0]) for job in jobs] == [100, 25]
+        assert [a for job in jobs for a in job.args[0]] == expected
