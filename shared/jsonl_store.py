@@ -150,6 +150,11 @@ class _Tail:
             self.fold.appended(checked, len(self.events))
 
 
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    """What changes whenever a file's bytes do: identity, size and change times."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def read_session_file(path: Path) -> Session:
     """The session in any session file, by the rules of ``JsonlStore.read`` (for the
     ``check``, ``fold`` and ``present`` commands); the header may carry any id."""
@@ -172,6 +177,7 @@ class JsonlStore:
         self._root = Path(root)
         self._lock = threading.Lock()
         self._tails: dict[str, _Tail] = {}
+        self._flushed: dict[str, tuple[int, ...]] = {}
 
     @property
     def root(self) -> Path:
@@ -252,7 +258,13 @@ class JsonlStore:
     def flush(self, session_id: str) -> None:
         fd = _open(self.path(session_id), os.O_RDONLY, session_id)
         try:
+            stamp = _stamp(os.fstat(fd))
+            with self._lock:
+                if self._flushed.get(session_id) == stamp:
+                    return  # nothing changed since this store's last successful fsync
             self._fsync(fd)
+            with self._lock:
+                self._flushed[session_id] = stamp
         except OSError as exc:
             # The bytes stay: they may or may not be durable; a later flush confirms them.
             raise PersistenceError(f"flush of session {session_id!r} failed") from exc

@@ -421,3 +421,43 @@ def test_processes_appending_at_once_lose_nothing(store: JsonlStore, tmp_path: P
         assert [e.data["i"] for e in mine] == [i for i in range(per_worker) if i % 10]
     assert len(state.active) == workers * per_worker // 10
     assert store.path("s1").read_bytes().endswith(b"\n")
+
+
+def test_a_flush_with_nothing_new_since_the_last_fsync_skips_it(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a flushed session
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    calls: list[int] = []
+    real = store._fsync
+    monkeypatch.setattr(store, "_fsync", lambda fd: (calls.append(fd), real(fd)))
+    store.flush("s1")
+    # when it is flushed again with nothing written, then no fsync runs
+    store.flush("s1")
+    assert len(calls) == 1
+    # when another writer appends, then the next flush syncs again
+    JsonlStore(store.root).append("s1", [message("b")], 1)
+    store.flush("s1")
+    assert len(calls) == 2
+
+
+def test_a_flush_after_a_failed_fsync_syncs_again(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    outcomes = iter([OSError(errno.EIO, "I/O error"), None])
+    calls: list[int] = []
+
+    def flaky(fd: int) -> None:
+        calls.append(fd)
+        failure = next(outcomes)
+        if failure is not None:
+            raise failure
+
+    monkeypatch.setattr(store, "_fsync", flaky)
+    with pytest.raises(PersistenceError):
+        store.flush("s1")
+    store.flush("s1")
+    assert len(calls) == 2
