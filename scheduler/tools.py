@@ -155,7 +155,11 @@ class ScheduleTools:
             yield owner
         finally:
             if owner.state is not None:
-                self._coord.rearm(agent, owner.state, self._clock())
+                try:
+                    self._coord.rearm(agent, owner.state, self._clock())
+                except redis.RedisError:
+                    # The answer stands (the log has it); the reconcile pass re-arms.
+                    log.warning("re-arm for %s failed", agent, exc_info=True)
 
     def _preflight(self, agent: str, owner: _Recompute) -> tuple[Session, FoldState]:
         """Flush, then fold the confirmed log; a successful preflight asks for a recompute."""

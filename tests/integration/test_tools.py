@@ -203,3 +203,18 @@ def _short_wait(settings: Settings) -> Settings:
     import msgspec
 
     return msgspec.structs.replace(settings, tool_lock_wait_s=0.2)
+
+
+def test_a_failed_re_arm_does_not_turn_a_durable_create_into_an_error(
+    store: MemoryStore, tools: ScheduleTools, coordination: Coordination,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session = new_session(store)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise redis.ConnectionError("gone")
+
+    monkeypatch.setattr(coordination, "rearm", broken)
+    result = tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60})
+    assert not result.is_error
+    assert value(result.content)["id"] == "schedule-1"
