@@ -15,9 +15,8 @@ from typing import Any, Final
 
 import redis
 from rq import Queue
-from rq.job import Job
+from rq.job import Job, JobStatus
 
-from shared.instant import to_datetime
 from shared.keys import Keys
 
 with warnings.catch_warnings():
@@ -52,6 +51,18 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self.moved += 1
 
 
+# KEYS[1] the schedule (sorted set), KEYS[2] the wake's rq job hash; ARGV[1] the job id.
+# Only a wake still waiting in the schedule is ours to delete; one already moved to the
+# queue runs, finds nothing due (or re-arms) and removes itself.
+_UNSCHEDULE = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+return 0
+"""
+
+
 class _Unread:
     """Marks an argument the callee must read itself."""
 
@@ -69,6 +80,7 @@ class WakeProjection:
         self._client = client
         self._keys = keys
         self.scheduler = PrefixedScheduler(keys, connection=client)
+        self._unschedule_script = client.register_script(_UNSCHEDULE)
 
     def current(self, agent: str) -> str | None:
         value = self._client.get(self._keys.current_wake(agent))
@@ -95,31 +107,51 @@ class WakeProjection:
             self._retire(agent, previous)
             return None
         job_id = wake_job_id(agent, target_ms)
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.exists(Job.key_for(job_id))
+            pipe.zscore(self.scheduler.scheduled_jobs_key, previous or job_id)
+            taken, previous_score = pipe.execute()
         if (
             previous is not None
             and (previous == job_id or previous.startswith(f"{job_id}_"))
-            and self.is_scheduled(previous)
+            and previous_score is not None
         ):
             return previous  # already armed for this second (maybe under a suffixed id)
-        if self._client.exists(Job.key_for(job_id)):
+        if taken:
             # Queued, running or failed under this id: never re-schedule it.
             job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(agent))}"
-        self.scheduler.enqueue_at(
-            to_datetime(target_ms),
-            WAKE_FUNC,
-            agent,
-            target_ms,
-            job_id=job_id,
-            job_result_ttl=0,
-            job_ttl=None,
-            timeout=WAKE_TIMEOUT_S,
-            queue_name=queue,
-        )
-        self._client.set(self._keys.current_wake(agent), job_id)
-        if previous is not None and previous != job_id:
-            self._unschedule(previous)
+        self._schedule(agent, target_ms, queue, job_id, previous)
         log.debug("armed %s for %s at %d", job_id, agent, target_ms)
         return job_id
+
+    def _schedule(
+        self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None
+    ) -> None:
+        """What rq-scheduler's ``enqueue_at`` writes (a scheduled rq job and its whole-
+        second score), plus the current-wake pointer and the superseded wake's removal,
+        in one round trip."""
+        job = Job.create(
+            WAKE_FUNC,
+            args=(agent, target_ms),
+            connection=self._client,
+            result_ttl=0,
+            ttl=None,
+            id=job_id,
+            timeout=WAKE_TIMEOUT_S,
+            status=JobStatus.SCHEDULED,
+            origin=queue,
+        )
+        with self._client.pipeline() as pipe:
+            job.save(pipeline=pipe)
+            pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: target_ms // 1000})
+            pipe.set(self._keys.current_wake(agent), job_id)
+            if previous is not None and previous != job_id:
+                self._unschedule_script(
+                    keys=[self.scheduler.scheduled_jobs_key, Job.key_for(previous)],
+                    args=[previous],
+                    client=pipe,
+                )
+            pipe.execute()
 
     def trigger(self, agent: str, queue: str) -> None:
         """Enqueue an immediate wake; the wake decides everything under the lock."""
@@ -159,10 +191,9 @@ class WakeProjection:
         self._client.delete(self._keys.current_wake(agent), self._keys.wake_counter(agent))
 
     def _unschedule(self, job_id: str) -> None:
-        # Only a job still waiting in the schedule is ours to delete; one already moved
-        # to the queue runs, finds nothing due (or re-arms) and removes itself.
-        if self._client.zrem(self.scheduler.scheduled_jobs_key, job_id):
-            self._client.delete(Job.key_for(job_id))
+        self._unschedule_script(
+            keys=[self.scheduler.scheduled_jobs_key, Job.key_for(job_id)], args=[job_id]
+        )
 
     def move_due(self, now_ms: int | None = None) -> int:
         """One rq-scheduler pass: move every due wake onto its queue.
