@@ -45,7 +45,7 @@ def frame_json(value: Any, *, compact: bool = False) -> str:
     """JSON for a frame: non-ASCII kept, every line-breaking character escaped."""
     separators = (",", ":") if compact else None
     text = json.dumps(value, ensure_ascii=False, separators=separators, allow_nan=False)
-    # Line-breaking characters only ever occur inside JSON strings, where \\uXXXX is
+    # Line-breaking characters only ever occur inside JSON strings, where a \\u escape is
     # an equivalent spelling, so the value decodes unchanged.
     return text.translate(_ESCAPE_LINE_BREAKS)
 
