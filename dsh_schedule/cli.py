@@ -123,10 +123,10 @@ def cmd_call(args: argparse.Namespace) -> int:
     from shared.redis_conn import connect
 
     settings = _settings(args)
+    tool_args = json.loads(args.args_json) if args.args_json else {}
     if not settings.redis_url:
         print("dsh-schedule call: no Redis URL; using an embedded Redis, no wake is armed",
               file=sys.stderr)
-    tool_args = json.loads(args.args_json) if args.args_json else {}
     coordination = Coordination(connect(settings.redis_url), settings)
     tools = ScheduleTools(JsonlStore(settings.sessions), coordination, _wall_ms)
     result = tools.call(args.session, args.tool, tool_args)
@@ -248,11 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = session_sub.add_parser("create")
     c.add_argument("id")
     c.add_argument("--time-zone")
-    c.add_argument("--sessions", type=Path, help="session log directory")
     f = session_sub.add_parser("fork")
     f.add_argument("parent")
     f.add_argument("child")
-    f.add_argument("--sessions", type=Path, help="session log directory")
+    for subparser in (c, f):
+        # Accepted after the subcommand too, without overriding one given before it.
+        subparser.add_argument("--sessions", type=Path, default=argparse.SUPPRESS,
+                               help="session log directory")
     p.set_defaults(func=cmd_session)
 
     p = sub.add_parser("call", help="run one tool call as the host would")
@@ -295,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from shared.errors import PersistenceError, ScheduleLogError, ToolError
     from shared.settings import SettingsError
 
     try:
@@ -304,6 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"dsh-schedule: bad setting: {exc}", file=sys.stderr)
         return 2
+    except json.JSONDecodeError:
+        print("dsh-schedule: ARGS_JSON is not valid JSON", file=sys.stderr)
+        return 2
+    except ToolError as exc:
+        print(f"dsh-schedule: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except (ScheduleLogError, PersistenceError) as exc:
+        print(f"dsh-schedule: {exc}", file=sys.stderr)
+        return 1
     return result
 
 

@@ -97,6 +97,11 @@ class SchedulePlugin:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        self.tools.close()
         for agent in self.installed:
-            self.bridge.dispose(agent)
+            try:
+                self.bridge.dispose(agent)  # waits for the agent's transaction in flight
+            except Exception:
+                # Its lease runs out; the reconcile pass removes the rest.
+                log.warning("could not dispose of %s cleanly", agent, exc_info=True)
         self.installed.clear()

@@ -17,6 +17,7 @@ import msgspec
 import redis
 
 from shared.coordination import Coordination
+from shared.lock import LockUnavailable
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,14 @@ def rebuild(coord: Coordination, *, now_ms: int) -> RebuildReport:
     for agent, queue in zip(live, coord.leases.queues_of(live), strict=True):
         by_queue.setdefault(queue or coord.settings.queue, []).append(agent)
     coord.wakes.trigger_many(by_queue)
-    retired = coord.leases.expired_agents(now_ms=now_ms)
-    for agent in retired:
-        coord.forget_agent(agent)
+    retired: list[str] = []
+    for agent in coord.leases.expired_agents(now_ms=now_ms):
+        try:
+            coord.forget_agent(agent)
+        except (LockUnavailable, redis.RedisError):
+            log.warning("could not retire %s now; the next pass retries", agent)
+        else:
+            retired.append(agent)
     return RebuildReport(woken=tuple(live), retired=tuple(retired))
 
 
@@ -63,6 +69,10 @@ class SchedulerLoop:
                     next_reconcile = time.monotonic() + settings.reconcile_interval_s
             except redis.RedisError:
                 log.warning("Redis unavailable; retrying", exc_info=True)
+                self.stop.wait(1.0)
+            except Exception:
+                # The mover must keep moving: log, and try again on the next pass.
+                log.exception("scheduler pass failed")
                 self.stop.wait(1.0)
             self.stop.wait(settings.mover_interval_s)
         log.info("scheduler stopped")

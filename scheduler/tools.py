@@ -35,6 +35,7 @@ from shared.views import (
 log = logging.getLogger(__name__)
 
 FENCE_RETRIES: Final = 4
+CLOSED_MESSAGE: Final = "Schedule is no longer available in this agent; nothing was changed."
 Clock = Callable[[], int]
 
 
@@ -67,10 +68,17 @@ class ScheduleTools:
         self._store = store
         self._coord = coordination
         self._clock = clock
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop new work: later calls answer ``internal_error`` and touch nothing."""
+        self._closed = True
 
     def call(self, agent: str, tool: str, args: Any) -> ToolResult:
         """Run one tool call; every failure becomes a closed-code error value."""
         operation = tool.removeprefix("schedule_")
+        if self._closed:
+            return error_result(ToolError("internal_error", CLOSED_MESSAGE))
         try:
             if tool == "schedule_create":
                 return self._create(agent, args)

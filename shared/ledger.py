@@ -44,8 +44,8 @@ class Ledger:
         self.seed_length = seed_length
         self.length = seed_length
         self.groups: list[DispatchGroup] = []
-        self.dispatched: set[Pair] = set()
-        self.delivered: set[Pair] = set()
+        self._group_of: dict[Pair, int] = {}
+        self._pending: set[int] = set()
         self._folding = _Folding(EMPTY)
         self._batch_at: str | None = None
 
@@ -62,7 +62,17 @@ class Ledger:
         return self
 
     def undelivered(self) -> list[DispatchGroup]:
-        return [g for g in self.groups if not all(p in self.delivered for p in g.pairs)]
+        """Dispatch groups no delivered message covers, in log order."""
+        return [self.groups[i] for i in sorted(self._pending)]
+
+    def deliverable(self, pairs: Iterable[Pair]) -> bool:
+        """Whether ``pairs`` are exactly one undelivered dispatch group: the complete
+        batch the log recorded, none of it delivered yet."""
+        wanted = set(pairs)
+        index = self._group_of.get(next(iter(wanted))) if wanted else None
+        if index is None or index not in self._pending:
+            return False
+        return set(self.groups[index].pairs) == wanted
 
     def _change(self, event: Event) -> None:
         change = decode_change(event.data)
@@ -80,12 +90,13 @@ class Ledger:
         apply_change(self._folding, change)
 
     def _add(self, seq: int, pair: Pair, batch: str | None = None) -> None:
-        self.dispatched.add(pair)
         if batch is not None and batch == self._batch_at and self.groups:
             last = self.groups[-1]
             self.groups[-1] = DispatchGroup(seqs=(*last.seqs, seq), pairs=(*last.pairs, pair))
         else:
             self.groups.append(DispatchGroup(seqs=(seq,), pairs=(pair,)))
+            self._pending.add(len(self.groups) - 1)
+        self._group_of[pair] = len(self.groups) - 1
         self._batch_at = batch
 
     def _message(self, data: Any) -> None:
@@ -94,9 +105,12 @@ class Ledger:
             return
         for item in source.get("reminders") or []:
             try:
-                self.delivered.add(msgspec.convert(item, type=Pair))
+                pair = msgspec.convert(item, type=Pair)
             except msgspec.ValidationError:
                 continue
+            index = self._group_of.get(pair)
+            if index is not None:
+                self._pending.discard(index)
 
 
 class LedgerCache:

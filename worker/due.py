@@ -146,8 +146,11 @@ class DueOwner:
                 self._coord.trigger(agent)
 
     def _dispatch(self, agent: str) -> bool:
-        for _ in range(FENCE_RETRIES):
+        for attempt in range(FENCE_RETRIES):
             try:
+                if attempt:
+                    # A conflicting writer's suffix must be confirmed before we decide.
+                    self._store.flush(agent)
                 session, state = self._store.load(agent)
             except (PersistenceError, ScheduleLogError) as exc:
                 log.warning("re-fold for %s failed: %s", agent, exc)

@@ -126,3 +126,26 @@ def test_rebuild_reports_what_it_woke(real_redis: object) -> None:
                                  "DSH_SCHEDULE_PREFIX": "cli-test:"})
     assert result.returncode == 0
     assert json.loads(result.stdout) == {"woken": [], "retired": []}
+
+
+def test_session_directory_is_honoured_before_or_after_the_subcommand(tmp_path: Path) -> None:
+    before, after = tmp_path / "before", tmp_path / "after"
+    assert cli("session", "--sessions", str(before), "create", "a").returncode == 0
+    assert cli("session", "create", "b", "--sessions", str(after)).returncode == 0
+    assert [p.name for p in before.iterdir()] == ["a.jsonl"]
+    assert [p.name for p in after.iterdir()] == ["b.jsonl"]
+
+
+def test_bad_input_to_the_cli_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    corrupt = write_log(tmp_path / "bad.jsonl", [{"version": 9}])
+    env = {"DSH_SCHEDULE_SESSIONS": str(tmp_path)}
+    cases = [
+        (cli("fold", str(corrupt)), 1),
+        (cli("present", str(corrupt), "0"), 1),
+        (cli("session", "create", "z", "--time-zone", "Mars/Olympus", env=env), 2),
+        (cli("call", "bad", "schedule_create", "{not json", env=env), 2),
+    ]
+    for result, code in cases:
+        assert result.returncode == code, result.stderr
+        assert result.stderr.startswith("dsh-schedule: ")
+        assert "Traceback" not in result.stderr

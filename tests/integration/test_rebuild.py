@@ -60,3 +60,24 @@ def test_rebuild_batches_many_agents_per_job_on_their_own_queues(
         jobs = Queue(name, connection=redis_client).jobs
         assert [len(job.args[0]) for job in jobs] == [100, 25]
         assert [a for job in jobs for a in job.args[0]] == expected
+
+
+def test_an_ended_agent_whose_lock_is_held_does_not_stop_the_pass(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    import msgspec
+
+    quick = Coordination(redis_client, msgspec.structs.replace(
+        coordination.settings, tool_lock_wait_s=0.1))
+    clock = FakeClock()
+    for agent in ("stuck", "gone"):
+        quick.leases.grant(agent, quick.settings.queue, now_ms=clock(), ttl_s=1)
+    held = redis_client.lock(quick.keys.lock("stuck"), timeout=30, thread_local=False)
+    assert held.acquire(blocking=False)
+    clock.advance(5)
+
+    report = rebuild(quick, now_ms=clock())
+
+    held.release()
+    assert report.retired == ("gone",)
+    assert quick.leases.expired_agents(now_ms=clock()) == ["stuck"]  # retried next pass

@@ -1,0 +1,198 @@
+"""Faults inside the due transaction and the delivery gate (DESIGN §6.3, §6.4)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from dsh_schedule.embedded import EmbeddedSystem
+from shared.events import SCHEDULE_CHANGE, TURN_END, USER_MESSAGE
+from shared.framing import FramingError
+from shared.memory_store import MemoryStore
+from shared.settings import Settings
+from tests.support import FakeClock, new_session, value
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def system(
+    redis_client: redis.Redis, settings: Settings, clock: FakeClock, store: MemoryStore
+) -> EmbeddedSystem:
+    return EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
+                          client=redis_client, injected_clock=True)
+
+
+def _open(system: EmbeddedSystem) -> str:
+    session = new_session(system.store)
+    system.host.open_root(session)
+    system.step()
+    return session
+
+
+def _create(system: EmbeddedSystem, session: str, **args: Any) -> None:
+    _d, handler = system.host.agents[session].tools["schedule_create"]
+    assert not handler(args).is_error
+
+
+def _messages(system: EmbeddedSystem, session: str) -> list[dict[str, Any]]:
+    return [e.data for e in system.store.read(session).events
+            if e.type == USER_MESSAGE and e.data["source"].get("plugin") == "tool-schedule"]
+
+
+def _dispatches(system: EmbeddedSystem, session: str) -> int:
+    return sum(1 for e in system.store.read(session).events
+               if e.type == SCHEDULE_CHANGE and e.data["operation"] == "dispatch")
+
+
+def _wake(system: EmbeddedSystem, session: str) -> None:
+    """Run one wake now (the host keeps renewing its lease meanwhile)."""
+    system.host.plugin.renew_leases()
+    system.owner.wake(session, None)
+
+
+def _active(system: EmbeddedSystem, session: str) -> list[str]:
+    return [r.id for r in system.store.load(session)[1].active]
+
+
+def test_an_abandoned_smaller_batch_never_stands_in_for_the_recorded_one(
+    system: EmbeddedSystem, store: MemoryStore, clock: FakeClock
+) -> None:
+    """A stale entry {A} left by an abandoned append must not be delivered in place of
+    the batch {A, C} the log recorded later; C must reach the session."""
+    session = _open(system)
+    _create(system, session, prompt="A", every_seconds=3600)
+    _create(system, session, prompt="C", every_seconds=3650)
+    clock.advance(3600)
+    store.fail_next_append()
+    _wake(system, session)  # batch [A]: entry written, append abandoned
+    assert system.coordination.followups.waiting(session) == 1
+    assert _dispatches(system, session) == 0
+    clock.advance(60)
+    _wake(system, session)  # batch [A, C] recorded
+    system.step()
+    messages = _messages(system, session)
+    assert len(messages) == 1
+    pairs = [p["scheduleId"] for p in messages[0]["source"]["reminders"]]
+    assert pairs == ["schedule-1", "schedule-2"]
+    batch = messages[0]["content"][0]["text"].splitlines()[2].removeprefix("reminders_json: ")
+    assert [r["reminder_prompt"] for r in json.loads(batch)] == ["A", "C"]
+    for _ in range(3):
+        _wake(system, session)
+        system.step()
+    assert len(_messages(system, session)) == 1
+    assert system.coordination.followups.waiting(session) == 0
+
+
+def test_a_failed_due_preflight_dispatches_nothing_and_keeps_the_record(
+    system: EmbeddedSystem, store: MemoryStore, clock: FakeClock
+) -> None:
+    session = _open(system)
+    _create(system, session, prompt="x", after_seconds=2)
+    clock.advance(3)
+    store.fail_next_flush()
+    _wake(system, session)
+    assert _dispatches(system, session) == 0
+    assert _active(system, session) == ["schedule-1"]
+    _wake(system, session)
+    system.step()
+    assert len(_messages(system, session)) == 1
+
+
+def test_a_failed_dispatch_barrier_leaves_the_dispatch_for_a_later_preflight(
+    system: EmbeddedSystem, store: MemoryStore, clock: FakeClock
+) -> None:
+    session = _open(system)
+    _create(system, session, prompt="x", after_seconds=2)
+    clock.advance(3)
+    flushes = store.flush_count(session)
+    original = store.flush
+
+    def barrier_fails(session_id: str) -> None:
+        if store.flush_count(session_id) == flushes + 1:  # preflight ok, barrier fails
+            store.fail_next_flush()
+        original(session_id)
+
+    store.flush = barrier_fails  # type: ignore[method-assign]
+    _wake(system, session)
+    store.flush = original  # type: ignore[method-assign]
+    assert _dispatches(system, session) == 1
+    assert store.unflushed(session)  # not yet confirmed
+    system.step()  # the host's gate preflight confirms it and delivers
+    assert len(_messages(system, session)) == 1
+    assert not store.unflushed(session)
+
+
+def test_a_framing_failure_writes_nothing(
+    system: EmbeddedSystem, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = _open(system)
+    _create(system, session, prompt="x", after_seconds=2)
+    clock.advance(3)
+
+    def broken(*args: object) -> str:
+        raise FramingError("broken")
+
+    monkeypatch.setattr("worker.due.one_shot_frame", broken)
+    _wake(system, session)
+    assert _dispatches(system, session) == 0
+    assert system.coordination.followups.waiting(session) == 0
+    assert _active(system, session) == ["schedule-1"]
+
+
+def test_a_failed_barrier_after_host_delivery_still_runs_the_turn(
+    system: EmbeddedSystem, store: MemoryStore, clock: FakeClock
+) -> None:
+    session = _open(system)
+    _create(system, session, prompt="x", after_seconds=2)
+    clock.advance(3)
+    _wake(system, session)
+    original = store.flush
+    calls = {"n": 0}
+
+    def second_fails(session_id: str) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the gate's preflight passes; the barrier after append fails
+            store.fail_next_flush()
+        original(session_id)
+
+    store.flush = second_fails  # type: ignore[method-assign]
+    delivered = system.host.pump(session)
+    store.flush = original  # type: ignore[method-assign]
+    assert len(delivered) == 1
+    events = system.store.read(session).events
+    assert events[-1].type == TURN_END  # the host ran the turn for the reminder
+    system.step()
+    assert len(_messages(system, session)) == 1
+
+
+def test_a_forked_session_has_its_own_reminders_and_delivery(
+    system: EmbeddedSystem, clock: FakeClock
+) -> None:
+    parent = _open(system)
+    _create(system, parent, prompt="parent's", after_seconds=60)
+    system.store.fork(parent, "child", created_at_ms=clock())
+    system.host.open_root("child")
+    _d, listing = system.host.agents["child"].tools["schedule_list"]
+    assert value(listing({}).content) == []
+    _d, create = system.host.agents["child"].tools["schedule_create"]
+    assert value(create({"prompt": "child's", "after_seconds": 5}).content)["id"] == "schedule-1"
+    for _ in range(12):
+        clock.advance(1)
+        system.step()
+    child_messages = _messages(system, "child")
+    assert len(child_messages) == 1
+    assert '"child\'s"' in child_messages[0]["content"][0]["text"]
+    assert _messages(system, parent) == []
+    assert _active(system, parent) == ["schedule-1"]
