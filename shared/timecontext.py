@@ -101,7 +101,8 @@ def derive_zone_context(session: Session) -> ZoneContext:
     """The session zone, the open turn's client zones and whether it has a reading."""
     session_zone = _header_zone(session)
     start = open_turn_start(session.events)
-    if start is None:
+    if start is None or start < session.seed_length:
+        # A turn copied from a fork's parent is not this session's own open turn.
         return ZoneContext(session_zone=session_zone)
     zones: set[str] = set()
     has_reading = False

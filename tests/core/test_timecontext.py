@@ -279,3 +279,17 @@ def test_open_turn_starts_at_the_last_turn_start_of_that_turn() -> None:
     # then the open turn begins at the later turn/start, and only its zones count
     assert open_turn_start(s.events) == 2
     assert implicit_zone(derive_zone_context(s)) == BERLIN
+
+
+def test_an_open_turn_copied_from_a_fork_parent_confirms_nothing() -> None:
+    """A fork's own suffix holds no turn: the parent's open turn is not the child's."""
+    parent = session(turn_start(), user(), reading(), step_start())
+    assert implicit_zone(derive_zone_context(parent)) == BERLIN
+    child = Session(
+        header=SessionHeader(id="child", createdAt=0, timeZone=BERLIN, parentSession="s",
+                             seedLength=len(parent.events)),
+        events=parent.events,
+    )
+    with pytest.raises(ToolError) as caught:
+        implicit_zone(derive_zone_context(child))
+    assert caught.value.code == "timezone_confirmation_required"
