@@ -116,7 +116,7 @@ def _valid_id(value: str) -> bool:
 
 def _check_schedule(schedule: Schedule) -> None:
     if not _valid_id(schedule.id):
-        raise ScheduleLogError("schedule id is empty or padded")
+        raise ScheduleLogError("schedule id is empty, padded or not valid UTF-8")
     if schedule.prompt == "" or js_trim(schedule.prompt) != schedule.prompt:
         raise ScheduleLogError("prompt is empty or untrimmed")
     if not is_utf8_safe(schedule.prompt):
@@ -156,7 +156,7 @@ def decode_change(data: Any) -> Change:
     change = _convert(data, change_type)
     assert isinstance(change, DeleteChange | DispatchChange)
     if not _valid_id(change.id):
-        raise ScheduleLogError("schedule id is empty or padded")
+        raise ScheduleLogError("schedule id is empty, padded or not valid UTF-8")
     if isinstance(change, DispatchChange) and change.acceptedAt is not None:
         if not is_canonical_instant(change.acceptedAt):
             raise ScheduleLogError("acceptedAt is not a canonical UTC instant")
