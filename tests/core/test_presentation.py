@@ -135,7 +135,7 @@ REJECTIONS = [
     pytest.param(PAIR, 1, 1,
                  "no preceding create", id="own dispatch whose create is only inherited"),
     pytest.param(log(ONE, {"version": 1, "operation": "dispatch", "id": " schedule-1"}), 1, 0,
-                 "empty or padded", id="malformed dispatch"),
+                 "empty, padded", id="malformed dispatch"),
     pytest.param(log(ONE, {"version": 2}, dispatch("schedule-1")), 2, 0,
                  "version", id="malformed record between create and dispatch"),
     pytest.param(log({"version": 1, "operation": "create"}, dispatch("schedule-1")), 1, 0,
