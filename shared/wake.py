@@ -32,11 +32,17 @@ log = logging.getLogger(__name__)
 WAKE_FUNC: Final = "worker.job.wake"
 WAKE_MANY_FUNC: Final = "worker.job.wake_many"
 WAKE_BATCH: Final = 100
+MOVE_BATCH: Final = 25
 WAKE_TIMEOUT_S: Final = 120
 
 
 class PrefixedScheduler(Scheduler):  # type: ignore[misc]
-    """rq-scheduler with its global keys under our prefix."""
+    """rq-scheduler with its global keys under our prefix, moving wakes in batches.
+
+    rq-scheduler's own pass (``enqueue_jobs``) picks the due jobs; a due wake is taken out
+    of the schedule and its (agent, target) handed on in a ``wake_many`` job of up to
+    ``MOVE_BATCH`` wakes per queue, so a worker pays rq's per-job cost once per batch.
+    """
 
     def __init__(self, keys: Keys, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -45,10 +51,46 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self.scheduler_key = keys.scheduler()
         self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
         self.moved = 0
+        self._batches: dict[str, list[list[Any]]] = {}
+        self._take = self.connection.register_script(_UNSCHEDULE)
+
+    def enqueue_jobs(self) -> Any:
+        self._batches = {}
+        try:
+            return super().enqueue_jobs()
+        finally:
+            self.flush_batches()
 
     def enqueue_job(self, job: Job) -> None:
-        super().enqueue_job(job)
-        self.moved += 1
+        if job.func_name != WAKE_FUNC:
+            super().enqueue_job(job)
+            self.moved += 1
+            return
+        # Only the pass that takes the wake out of the schedule hands it on.
+        if self._take(keys=[self.scheduled_jobs_key, job.key], args=[job.id]):
+            self._batches.setdefault(job.origin, []).append(list(job.args))
+            self.moved += 1
+
+    def flush_batches(self) -> None:
+        """Enqueue the collected wakes, in target order, ``MOVE_BATCH`` per rq job."""
+        batches, self._batches = self._batches, {}
+        if not batches:
+            return
+        with self.connection.pipeline() as pipe:
+            for queue_name, items in batches.items():
+                items.sort(key=lambda item: (item[1] is not None, item[1] or 0))
+                chunks = [items[i : i + MOVE_BATCH] for i in range(0, len(items), MOVE_BATCH)]
+                Queue(queue_name, connection=self.connection).enqueue_many(
+                    [
+                        Queue.prepare_data(
+                            WAKE_MANY_FUNC, args=(chunk,), result_ttl=0,
+                            timeout=WAKE_TIMEOUT_S * 10,
+                        )
+                        for chunk in chunks
+                    ],
+                    pipeline=pipe,
+                )
+            pipe.execute()
 
 
 # KEYS[1] the schedule (sorted set), KEYS[2] the wake's rq job hash; ARGV[1] the job id.
@@ -196,7 +238,7 @@ class WakeProjection:
         )
 
     def move_due(self, now_ms: int | None = None) -> int:
-        """One rq-scheduler pass: move every due wake onto its queue.
+        """One rq-scheduler pass: hand every due wake to its queue; how many it moved.
 
         ``now_ms`` replaces rq-scheduler's own clock sample (in-process runs on an
         injected clock); the score comparison stays rq-scheduler's whole seconds.
@@ -205,6 +247,9 @@ class WakeProjection:
         if now_ms is None:
             self.scheduler.enqueue_jobs()
         else:
-            for job in list(self.scheduler.get_jobs(until=now_ms // 1000)):
-                self.scheduler.enqueue_job(job)
+            try:
+                for job in list(self.scheduler.get_jobs(until=now_ms // 1000)):
+                    self.scheduler.enqueue_job(job)
+            finally:
+                self.scheduler.flush_batches()
         return int(self.scheduler.moved - before)

@@ -7,6 +7,7 @@ only names this function by its import path, so the two packages never import ea
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from worker.due import DueOwner
 
@@ -27,10 +28,13 @@ def wake(agent: str, target_ms: int | None) -> None:
     _owner.wake(agent, target_ms)
 
 
-def wake_many(agents: list[str]) -> None:
-    """A rebuild's batch: wake each agent in turn; one agent's failure spares the rest."""
-    for agent in agents:
+def wake_many(items: list[Any]) -> None:
+    """A batch of wakes, in order: agent ids (a rebuild's immediate wakes) or
+    ``[agent, target_ms]`` pairs (scheduled wakes the mover handed on together).
+    One wake's failure spares the rest."""
+    for item in items:
+        agent, target_ms = (item, None) if isinstance(item, str) else (item[0], item[1])
         try:
-            wake(agent, None)
+            wake(agent, target_ms)
         except Exception:
             log.exception("wake for %s failed", agent)

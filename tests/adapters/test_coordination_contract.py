@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from rq import Queue
 from rq.job import Job
 
 from shared.coordination import Coordination
@@ -16,6 +17,7 @@ from shared.fold import EMPTY, FoldState
 from shared.followups import Pair
 from shared.instant import format_instant
 from shared.records import AtSchedule
+from shared.wake import WAKE_FUNC, wake_job_id
 
 AGENT = "agent-1"
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
@@ -95,6 +97,9 @@ def test_every_key_of_every_port_is_under_the_prefix(
     coordination.followups.add(AGENT, "text", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
     coordination.rearm(AGENT, waiting_for(TARGET), T0)
     coordination.wakes.move_due(TARGET)
+    Queue(queue, connection=redis_client).enqueue(
+        WAKE_FUNC, AGENT, TARGET, job_id=wake_job_id(AGENT, TARGET)
+    )  # a job still under the would-be id: the re-arm takes a suffixed id
     coordination.rearm(AGENT, waiting_for(TARGET), T0)
     coordination.trigger(AGENT)
     with coordination.locks.hold(AGENT, wait_s=0.0):

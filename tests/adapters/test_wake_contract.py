@@ -15,7 +15,7 @@ from rq.job import Job
 
 from shared.keys import Keys
 from shared.settings import Settings
-from shared.wake import WAKE_FUNC, WakeProjection, wake_job_id
+from shared.wake import MOVE_BATCH, WAKE_FUNC, WAKE_MANY_FUNC, WakeProjection, wake_job_id
 
 AGENT = "agent-1"
 AGENT_HEX = AGENT.encode().hex()
@@ -160,6 +160,15 @@ def test_wakes_of_different_agents_are_independent(
     assert wakes.current("agent-2") == theirs
 
 
+def handed_on(client: redis.Redis, queue: str) -> list[tuple[str, int]]:
+    """The (agent, target) wakes the mover handed to ``queue``, in order."""
+    items: list[tuple[str, int]] = []
+    for job in Queue(queue, connection=client).jobs:
+        assert (job.func_name, job.result_ttl) == (WAKE_MANY_FUNC, 0)
+        items.extend((agent, target) for agent, target in job.args[0])
+    return items
+
+
 @pytest.mark.parametrize(
     ("now_ms", "moved"),
     [
@@ -171,7 +180,7 @@ def test_wakes_of_different_agents_are_independent(
     ],
     ids=["before", "score-second", "target", "between", "both"],
 )
-def test_move_due_moves_only_wakes_whose_second_has_come(
+def test_move_due_hands_on_only_wakes_whose_second_has_come(
     wakes: WakeProjection,
     redis_client: redis.Redis,
     keys: Keys,
@@ -183,40 +192,55 @@ def test_move_due_moves_only_wakes_whose_second_has_come(
     first = wakes.arm(AGENT, T1, queue)
     second = wakes.arm("agent-2", T2, queue)
     assert first is not None and second is not None
-    expected = [first, second][:moved]
     # when the mover runs at now
     count = wakes.move_due(now_ms)
-    # then exactly the due ones are on the queue, in score order, and out of the schedule
+    # then exactly the due ones are handed on, in target order, out of the schedule,
+    # their own job hashes gone
     assert count == moved
-    assert queued(redis_client, queue) == expected
-    assert sorted(schedule(redis_client, keys)) == sorted({first, second} - set(expected))
-    assert Queue(queue, connection=redis_client).job_ids == expected
+    assert handed_on(redis_client, queue) == [(AGENT, T1), ("agent-2", T2)][:moved]
+    assert sorted(schedule(redis_client, keys)) == sorted([first, second][moved:])
+    assert [job_exists(redis_client, i) for i in (first, second)] == [
+        n > moved for n in (1, 2)
+    ]
 
 
-def test_move_due_puts_a_wake_on_its_own_queue(
+def test_move_due_hands_a_wake_to_its_own_queue_in_batches(
     wakes: WakeProjection, redis_client: redis.Redis, queue: str
 ) -> None:
-    mine = wakes.arm(AGENT, T1, queue)
-    theirs = wakes.arm("agent-2", T1, "elsewhere")
-    assert wakes.move_due(T1) == 2
-    assert queued(redis_client, queue) == [mine]
-    assert queued(redis_client, "elsewhere") == [theirs]
+    agents = [f"agent-{i:02d}" for i in range(MOVE_BATCH + 5)]
+    for i, agent in enumerate(agents):
+        wakes.arm(agent, T1 - i, queue)  # later-armed wakes are earlier targets
+    wakes.arm("theirs", T1, "elsewhere")
+    assert wakes.move_due(T1) == len(agents) + 1
+    jobs = Queue(queue, connection=redis_client).jobs
+    assert [len(job.args[0]) for job in jobs] == [MOVE_BATCH, 5]
+    assert handed_on(redis_client, queue) == [(a, T1 - i) for i, a in enumerate(agents)][::-1]
+    assert handed_on(redis_client, "elsewhere") == [("theirs", T1)]
 
 
-def test_a_queued_wake_id_is_never_rescheduled(
+def test_a_moved_wake_hands_on_once_even_when_two_movers_run(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
-    # given a wake the mover already put on the queue (it may be running)
-    moved = wakes.arm(AGENT, T1, queue)
-    assert moved is not None
+    wakes.arm(AGENT, T1, queue)
+    other = WakeProjection(redis_client, keys)
     assert wakes.move_due(T1) == 1
-    # when the owner arms the same target again
+    assert other.move_due(T1) == 0
+    assert handed_on(redis_client, queue) == [(AGENT, T1)]
+
+
+def test_a_wake_id_whose_job_still_exists_is_never_rescheduled(
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
+) -> None:
+    # given a job under the would-be wake id that is queued (it may be running)
+    base = wake_job_id(AGENT, T1)
+    Queue(queue, connection=redis_client).enqueue(WAKE_FUNC, AGENT, T1, job_id=base)
+    # when the owner arms that target
     again = wakes.arm(AGENT, T1, queue)
     # then a suffixed id is scheduled and the queued job is left untouched
-    assert again == f"{moved}_1"
+    assert again == f"{base}_1"
     assert schedule(redis_client, keys) == {again: 2_000_000_000.0}
-    assert queued(redis_client, queue) == [moved]
-    assert job_exists(redis_client, moved)
+    assert queued(redis_client, queue) == [base]
+    assert job_exists(redis_client, base)
     assert wakes.current(AGENT) == again
     job = Job.fetch(again, connection=redis_client)
     assert (job.func_name, tuple(job.args), job.result_ttl, job.origin) == (
@@ -230,34 +254,29 @@ def test_a_queued_wake_id_is_never_rescheduled(
     assert schedule(redis_client, keys) == {again: 2_000_000_000.0}
 
 
-def test_suffixes_count_up_while_earlier_ids_are_still_queued(
+def test_re_arming_a_handed_on_target_schedules_its_id_afresh(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
     first = wakes.arm(AGENT, T1, queue)
     wakes.move_due(T1)
-    second = wakes.arm(AGENT, T1, queue)
-    wakes.move_due(T1)
-    third = wakes.arm(AGENT, T1, queue)
-    assert [first, second, third] == [f"{first}", f"{first}_1", f"{first}_2"]
-    assert queued(redis_client, queue) == [first, second]
-    assert schedule(redis_client, keys) == {third: 2_000_000_000.0}
+    # the handed-on wake's own job is gone, so its id is free again
+    assert wakes.arm(AGENT, T1, queue) == first
+    assert schedule(redis_client, keys) == {first: 2_000_000_000.0}
 
 
-def test_superseding_a_queued_wake_leaves_the_queued_job_alone(
+def test_superseding_after_a_hand_on_leaves_the_batch_alone(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
-    # given the current wake already moved to the queue
-    moved = wakes.arm(AGENT, T1, queue)
-    assert moved is not None
+    # given the current wake already handed on to the queue
+    wakes.arm(AGENT, T1, queue)
     wakes.move_due(T1)
     # when a new target is armed, and then the wake is retired
     new = wakes.arm(AGENT, T3, queue)
     assert new == wake_job_id(AGENT, T3)
     assert schedule(redis_client, keys) == {new: float(T3 // 1000)}
     wakes.arm(AGENT, None, queue)
-    # then the queued job is still there to run (it finds nothing due and returns)
-    assert queued(redis_client, queue) == [moved]
-    assert job_exists(redis_client, moved)
+    # then the batch is still there to run (its wake finds nothing due and returns)
+    assert handed_on(redis_client, queue) == [(AGENT, T1)]
     assert schedule(redis_client, keys) == {}
 
 
@@ -290,6 +309,9 @@ def test_every_key_the_projection_writes_is_under_the_prefix(
     wakes.arm(AGENT, T1, queue)
     wakes.arm(AGENT, T2, queue)
     wakes.move_due(T2)
+    Queue(queue, connection=redis_client).enqueue(
+        WAKE_FUNC, AGENT, T2, job_id=wake_job_id(AGENT, T2)
+    )  # a job still under the would-be id
     wakes.arm(AGENT, T2, queue)
     wakes.trigger(AGENT, queue)
     wakes.arm("agent-2", T3, queue)
