@@ -6,6 +6,7 @@ Redis only coordinates: every key here can be deleted and rebuilt from the sessi
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import redis
 
@@ -17,7 +18,7 @@ from shared.leases import Leases
 from shared.lock import AgentLocks
 from shared.phase import AgentPhase
 from shared.settings import Settings
-from shared.wake import WakeProjection
+from shared.wake import ArmRequest, WakeProjection
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +39,35 @@ class Coordination:
 
         Only a live agent is armed, on the queue its lease names. Hold the agent's lock.
         """
+        return self.rearm_many([(agent, state)], now_ms)[0]
+
+    def rearm_many(
+        self, folds: Sequence[tuple[str, FoldState]], now_ms: int
+    ) -> list[str | None]:
+        """``rearm`` for many agents, pipelined; hold every agent's lock."""
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.zscore(self.keys.live(), agent)
-            pipe.hget(self.keys.lease_queue(), agent)
-            pipe.get(self.keys.current_wake(agent))
-            expiry, queue, current = pipe.execute()
-        if expiry is None or expiry < now_ms:
-            return None
-        queue_name = queue.decode() if isinstance(queue, bytes) else self.settings.queue
-        previous = current.decode() if isinstance(current, bytes) else None
-        return self.wakes.arm(agent, next_wake_ms(state, now_ms), queue_name, previous=previous)
+            for agent, _state in folds:
+                pipe.zscore(self.keys.live(), agent)
+                pipe.hget(self.keys.lease_queue(), agent)
+                pipe.get(self.keys.current_wake(agent))
+            replies = pipe.execute()
+        requests: list[ArmRequest] = []
+        positions: list[int] = []
+        for index, (agent, state) in enumerate(folds):
+            expiry, queue, current = replies[3 * index : 3 * index + 3]
+            if expiry is None or expiry < now_ms:
+                continue
+            requests.append(ArmRequest(
+                agent,
+                next_wake_ms(state, now_ms),
+                queue.decode() if isinstance(queue, bytes) else self.settings.queue,
+                current.decode() if isinstance(current, bytes) else None,
+            ))
+            positions.append(index)
+        results: list[str | None] = [None] * len(folds)
+        for index, job_id in zip(positions, self.wakes.arm_many(requests), strict=True):
+            results[index] = job_id
+        return results
 
     def trigger(self, agent: str) -> None:
         """Enqueue an immediate wake on the agent's queue."""

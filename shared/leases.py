@@ -8,6 +8,7 @@ by its reader, the moment the stream holds entries: see ``Followups.read``.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -45,6 +46,17 @@ class Leases:
     def is_live(self, agent: str, *, now_ms: int) -> bool:
         score = self._client.zscore(self._keys.live(), agent)
         return score is not None and score >= now_ms
+
+    def live_among(self, agents: Sequence[str], *, now_ms: int) -> list[str]:
+        """The agents of ``agents`` that hold a valid lease, in one round trip."""
+        if not agents:
+            return []
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.zscore(self._keys.live(), agent)
+            scores = pipe.execute()
+        return [a for a, score in zip(agents, scores, strict=True)
+                if score is not None and score >= now_ms]
 
     def queue_of(self, agent: str) -> str | None:
         value = self._client.hget(self._keys.lease_queue(), agent)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
 
 import redis
+from redis.client import Pipeline
 from rq import Queue
 from rq.job import Job, JobStatus
 
@@ -105,6 +107,15 @@ return 0
 """
 
 
+class ArmRequest(NamedTuple):
+    """One agent's wake to arm: its target (None: no wake), queue and current wake id."""
+
+    agent: str
+    target_ms: int | None
+    queue: str
+    previous: str | None
+
+
 class _Unread:
     """Marks an argument the callee must read itself."""
 
@@ -145,55 +156,63 @@ class WakeProjection:
         """
         if isinstance(previous, _Unread):
             previous = self.current(agent)
-        if target_ms is None:
-            self._retire(agent, previous)
-            return None
-        job_id = wake_job_id(agent, target_ms)
-        with self._client.pipeline(transaction=False) as pipe:
-            pipe.exists(Job.key_for(job_id))
-            pipe.zscore(self.scheduler.scheduled_jobs_key, previous or job_id)
-            taken, previous_score = pipe.execute()
-        if (
-            previous is not None
-            and (previous == job_id or previous.startswith(f"{job_id}_"))
-            and previous_score is not None
-        ):
-            return previous  # already armed for this second (maybe under a suffixed id)
-        if taken:
-            # Queued, running or failed under this id: never re-schedule it.
-            job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(agent))}"
-        self._schedule(agent, target_ms, queue, job_id, previous)
-        log.debug("armed %s for %s at %d", job_id, agent, target_ms)
-        return job_id
+        return self.arm_many([ArmRequest(agent, target_ms, queue, previous)])[0]
 
-    def _schedule(
-        self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None
-    ) -> None:
+    def arm_many(self, requests: Sequence[ArmRequest]) -> list[str | None]:
+        """``arm`` for many agents in one read and one write round trip; hold every
+        agent's lock. Returns each agent's current wake id (None: no wake)."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for r in requests:
+                if r.target_ms is not None:
+                    base = wake_job_id(r.agent, r.target_ms)
+                    pipe.exists(Job.key_for(base))
+                    pipe.zscore(self.scheduler.scheduled_jobs_key, r.previous or base)
+            facts = iter(pipe.execute())
+        results: list[str | None] = []
+        with self._client.pipeline() as pipe:
+            for r in requests:
+                if r.target_ms is None:
+                    self._retire(r.agent, r.previous, pipe)
+                    results.append(None)
+                    continue
+                job_id = wake_job_id(r.agent, r.target_ms)
+                taken, previous_score = next(facts), next(facts)
+                if (
+                    r.previous is not None
+                    and (r.previous == job_id or r.previous.startswith(f"{job_id}_"))
+                    and previous_score is not None
+                ):
+                    results.append(r.previous)  # already armed for this second
+                    continue
+                if taken:
+                    # Queued, running or failed under this id: never re-schedule it.
+                    job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
+                self._schedule(r, job_id, pipe)
+                results.append(job_id)
+            pipe.execute()
+        return results
+
+    def _schedule(self, r: ArmRequest, job_id: str, pipe: Pipeline) -> None:
         """What rq-scheduler's ``enqueue_at`` writes (a scheduled rq job and its whole-
-        second score), plus the current-wake pointer and the superseded wake's removal,
-        in one round trip."""
+        second score), plus the current-wake pointer and the superseded wake's removal."""
+        assert r.target_ms is not None
         job = Job.create(
             WAKE_FUNC,
-            args=(agent, target_ms),
+            args=(r.agent, r.target_ms),
             connection=self._client,
             result_ttl=0,
             ttl=None,
             id=job_id,
             timeout=WAKE_TIMEOUT_S,
             status=JobStatus.SCHEDULED,
-            origin=queue,
+            origin=r.queue,
         )
-        with self._client.pipeline() as pipe:
-            job.save(pipeline=pipe)
-            pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: target_ms // 1000})
-            pipe.set(self._keys.current_wake(agent), job_id)
-            if previous is not None and previous != job_id:
-                self._unschedule_script(
-                    keys=[self.scheduler.scheduled_jobs_key, Job.key_for(previous)],
-                    args=[previous],
-                    client=pipe,
-                )
-            pipe.execute()
+        job.save(pipeline=pipe)
+        pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: r.target_ms // 1000})
+        pipe.set(self._keys.current_wake(r.agent), job_id)
+        if r.previous is not None and r.previous != job_id:
+            self._unschedule(r.previous, pipe)
+        log.debug("armed %s for %s at %d", job_id, r.agent, r.target_ms)
 
     def trigger(self, agent: str, queue: str) -> None:
         """Enqueue an immediate wake; the wake decides everything under the lock."""
@@ -227,14 +246,17 @@ class WakeProjection:
         """Remove the agent's current wake (disposal)."""
         self._retire(agent, self.current(agent))
 
-    def _retire(self, agent: str, previous: str | None) -> None:
+    def _retire(self, agent: str, previous: str | None, pipe: Pipeline | None = None) -> None:
+        client = pipe if pipe is not None else self._client
         if previous is not None:
-            self._unschedule(previous)
-        self._client.delete(self._keys.current_wake(agent), self._keys.wake_counter(agent))
+            self._unschedule(previous, pipe)
+        client.delete(self._keys.current_wake(agent), self._keys.wake_counter(agent))
 
-    def _unschedule(self, job_id: str) -> None:
+    def _unschedule(self, job_id: str, pipe: Pipeline | None = None) -> None:
         self._unschedule_script(
-            keys=[self.scheduler.scheduled_jobs_key, Job.key_for(job_id)], args=[job_id]
+            keys=[self.scheduler.scheduled_jobs_key, Job.key_for(job_id)],
+            args=[job_id],
+            client=pipe if pipe is not None else self._client,
         )
 
     def move_due(self, now_ms: int | None = None) -> int:

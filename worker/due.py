@@ -12,7 +12,8 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Final
 
 from shared.coordination import Coordination
@@ -91,25 +92,55 @@ class DueOwner:
                 self._sleep(early_ms / 1000)
         try:
             with self._coord.locks.hold(agent, wait_s=settings.wake_lock_wait_s):
-                self._rounds(agent)
+                settled = self._rounds(agent)
+                if settled is not None:
+                    self._coord.rearm(agent, settled, self._clock())
         except LockUnavailable:
             log.debug("wake for %s: lock busy, the holder re-arms", agent)
         except Stop:
             pass
 
-    def _rounds(self, agent: str) -> None:
+    def wake_batch(self, agents: Sequence[str]) -> None:
+        """Immediate wakes for many agents (a rebuild's batch), each decided under its own
+        lock after its own preflight, exactly as ``wake``; the liveness checks and the
+        final re-arms go to Redis together, and every lock is held until its agent is
+        armed."""
+        settings = self._coord.settings
+        live = self._coord.leases.live_among(agents, now_ms=self._clock())
+        settled: list[tuple[str, FoldState]] = []
+        with ExitStack() as held:
+            for agent in live:
+                try:
+                    held.enter_context(
+                        self._coord.locks.hold(agent, wait_s=settings.wake_lock_wait_s)
+                    )
+                    state = self._rounds(agent)
+                except LockUnavailable:
+                    log.debug("wake for %s: lock busy, the holder re-arms", agent)
+                    continue
+                except Stop:
+                    continue
+                except Exception:
+                    log.exception("wake for %s failed", agent)
+                    continue
+                if state is not None:
+                    settled.append((agent, state))
+            self._coord.rearm_many(settled, self._clock())
+
+    def _rounds(self, agent: str) -> FoldState | None:
+        """Dispatch until nothing is due; the settled fold to arm from, or None when the
+        wake stopped (waiting for the idle phase, or a dispatch it could not make)."""
         for _ in range(MAX_ROUNDS):
             session, state = self._preflight(agent)
             self._reproject(agent, session)
-            now = self._clock()
-            decision = due_decision(state, now)
+            decision = due_decision(state, self._clock())
             if isinstance(decision, Wait):
-                self._coord.rearm(agent, state, now)
-                return
+                return state
             if not self._dispatch_in_phase(agent):
-                return
+                return None
             self._barrier(agent)
         log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
+        return None
 
     def _preflight(self, agent: str) -> tuple[Session, FoldState]:
         try:

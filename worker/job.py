@@ -29,12 +29,17 @@ def wake(agent: str, target_ms: int | None) -> None:
 
 
 def wake_many(items: list[Any]) -> None:
-    """A batch of wakes, in order: agent ids (a rebuild's immediate wakes) or
-    ``[agent, target_ms]`` pairs (scheduled wakes the mover handed on together).
+    """A batch of wakes, in order: agent ids (a rebuild's immediate wakes, decided
+    together) or ``[agent, target_ms]`` pairs (scheduled wakes the mover handed on).
     One wake's failure spares the rest."""
+    if _owner is None:
+        raise RuntimeError("no due owner installed in this worker process")
+    if all(isinstance(item, str) for item in items):
+        _owner.wake_batch(items)
+        return
     for item in items:
         agent, target_ms = (item, None) if isinstance(item, str) else (item[0], item[1])
         try:
-            wake(agent, target_ms)
+            _owner.wake(agent, target_ms)
         except Exception:
             log.exception("wake for %s failed", agent)

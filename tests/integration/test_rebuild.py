@@ -81,3 +81,38 @@ def test_an_ended_agent_whose_lock_is_held_does_not_stop_the_pass(
     held.release()
     assert report.retired == ("gone",)
     assert quick.leases.expired_agents(now_ms=clock()) == ["stuck"]  # retried next pass
+
+
+def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
+    import msgspec
+
+    from dsh_schedule.embedded import EmbeddedSystem
+
+    quick = msgspec.structs.replace(coordination.settings, wake_lock_wait_s=0.1)
+    clock = FakeClock()
+    system = EmbeddedSystem(MemoryStore(), quick, clock=clock, sleep=clock.advance,
+                            client=redis_client, injected_clock=True)
+    for name in ("due", "later", "locked", "cold"):
+        new_session(system.store, name)
+        system.host.open_root(name)
+        _d, create = system.host.agents[name].tools["schedule_create"]
+        create({"prompt": name, "after_seconds": 5 if name == "due" else 600})
+    system.step()
+    system.flush_redis()
+    for name in ("due", "later", "locked"):  # "cold" lost its lease with the flush
+        system.coordination.leases.grant(name, quick.queue, now_ms=clock(), ttl_s=60)
+    held = redis_client.lock(system.coordination.keys.lock("locked"), timeout=30,
+                             thread_local=False)
+    assert held.acquire(blocking=False)
+    clock.advance(6)
+
+    system.owner.wake_batch(["due", "later", "locked", "cold"])
+
+    held.release()
+    wakes = system.coordination.wakes
+    assert wakes.current("later") is not None  # armed again for its target
+    assert wakes.current("locked") is None and wakes.current("cold") is None
+    assert system.coordination.followups.waiting("due") == 1  # dispatched in the batch
+    assert [r.id for r in system.store.load("due")[1].active] == []
