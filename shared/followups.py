@@ -15,11 +15,7 @@ import msgspec
 import redis
 
 from shared.keys import STREAM_GROUP, Keys
-
-
-class Pair(msgspec.Struct, frozen=True, kw_only=True):
-    scheduleId: str
-    occurrenceAt: str
+from shared.ledger import Pair
 
 
 class FollowupEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,6 +23,8 @@ class FollowupEntry(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     pairs: tuple[Pair, ...]
 
+
+__all__ = ["FollowupEntry", "Followups", "Pair"]
 
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 

@@ -12,13 +12,20 @@ from typing import Any, Final
 
 import msgspec
 
+from shared.errors import ScheduleLogError
 from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, Event, Session
 from shared.fold import EMPTY, _Folding, apply_change, occurrence_at
-from shared.followups import Pair
 from shared.instant import format_instant, parse_instant
 from shared.records import DispatchChange, EverySchedule, decode_change
 
 SOURCE_PLUGIN: Final = "tool-schedule"
+
+
+class Pair(msgspec.Struct, frozen=True, kw_only=True):
+    """One delivered occurrence: which reminder, and which of its occurrences."""
+
+    scheduleId: str
+    occurrenceAt: str
 
 
 class DispatchGroup(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,7 +63,10 @@ class Ledger:
                 continue
             self.length = event.seq + 1
             if event.type == SCHEDULE_CHANGE:
-                self._change(event)
+                try:
+                    self._change(event)
+                except ScheduleLogError as exc:
+                    raise ScheduleLogError(exc.reason, seq=event.seq) from None
             elif event.type == USER_MESSAGE:
                 self._message(event.data)
         return self
@@ -77,7 +87,9 @@ class Ledger:
     def _change(self, event: Event) -> None:
         change = decode_change(event.data)
         if isinstance(change, DispatchChange):
-            record = self._folding.active[change.id]
+            record = self._folding.active.get(change.id)
+            if record is None:
+                raise ScheduleLogError(f"dispatch of inactive schedule id {change.id!r}")
             if isinstance(record, EverySchedule):
                 assert change.acceptedAt is not None
                 occurrence = occurrence_at(record, parse_instant(change.acceptedAt))

@@ -18,6 +18,7 @@ from shared.errors import ScheduleLogError
 from shared.events import SCHEDULE_CHANGE, Event
 from shared.fold import advance_every, occurrence_at
 from shared.instant import format_instant, parse_instant
+from shared.ledger import Ledger
 from shared.records import (
     Change,
     CreateChange,
@@ -89,27 +90,8 @@ def own_dispatch_batches(events: Sequence[Event], seed_length: int) -> list[tupl
     ``schedule/change`` in the suffix.
     """
     _check_seed_length(events, seed_length)
-    batches: list[tuple[int, ...]] = []
-    current: list[int] = []
-    current_accepted: str | None = None
-    for event in events[seed_length:]:
-        if event.type != SCHEDULE_CHANGE:
-            continue
-        change = _decode(event)
-        accepted = change.acceptedAt if isinstance(change, DispatchChange) else None
-        if current and accepted != current_accepted:
-            batches.append(tuple(current))
-            current = []
-        if not isinstance(change, DispatchChange):
-            continue
-        if accepted is None:
-            batches.append((event.seq,))
-        else:
-            current.append(event.seq)
-            current_accepted = accepted
-    if current:
-        batches.append(tuple(current))
-    return batches
+    ledger = Ledger(seed_length).extend(events[seed_length:])
+    return [group.seqs for group in ledger.groups]
 
 
 def _check_seed_length(events: Sequence[Event], seed_length: int) -> None:
