@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared.events import SessionHeader
+from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
 from shared.instant import parse_instant
 from shared.store import SessionStore
 
@@ -38,3 +38,24 @@ def value(content: str) -> Any:
 def append_raw_line(path: Path, obj: dict[str, Any]) -> None:
     with path.open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(obj) + "\n")
+
+
+def reminder_messages(store: SessionStore, session: str) -> list[dict[str, Any]]:
+    """The data of every reminder ``user/message`` delivered into the session."""
+    return [
+        e.data for e in store.read(session).events
+        if e.type == USER_MESSAGE and e.data["source"].get("plugin") == "tool-schedule"
+    ]
+
+
+def reminder_texts(store: SessionStore, session: str) -> list[str]:
+    """The framing text of every reminder delivered into the session."""
+    return [m["content"][0]["text"] for m in reminder_messages(store, session)]
+
+
+def dispatch_records(store: SessionStore, session: str) -> list[dict[str, Any]]:
+    """Every ``schedule/change`` dispatch record in the session log."""
+    return [
+        e.data for e in store.read(session).events
+        if e.type == SCHEDULE_CHANGE and e.data["operation"] == "dispatch"
+    ]

@@ -9,11 +9,17 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
-from shared.events import SCHEDULE_CHANGE, TURN_END, USER_MESSAGE
+from shared.events import TURN_END
 from shared.framing import FramingError
 from shared.memory_store import MemoryStore
 from shared.settings import Settings
-from tests.support import FakeClock, new_session, value
+from tests.support import (
+    FakeClock,
+    dispatch_records,
+    new_session,
+    reminder_messages,
+    value,
+)
 
 
 @pytest.fixture
@@ -46,16 +52,6 @@ def _create(system: EmbeddedSystem, session: str, **args: Any) -> None:
     assert not handler(args).is_error
 
 
-def _messages(system: EmbeddedSystem, session: str) -> list[dict[str, Any]]:
-    return [e.data for e in system.store.read(session).events
-            if e.type == USER_MESSAGE and e.data["source"].get("plugin") == "tool-schedule"]
-
-
-def _dispatches(system: EmbeddedSystem, session: str) -> int:
-    return sum(1 for e in system.store.read(session).events
-               if e.type == SCHEDULE_CHANGE and e.data["operation"] == "dispatch")
-
-
 def _wake(system: EmbeddedSystem, session: str) -> None:
     """Run one wake now (the host keeps renewing its lease meanwhile)."""
     system.host.plugin.renew_leases()
@@ -78,11 +74,11 @@ def test_an_abandoned_smaller_batch_never_stands_in_for_the_recorded_one(
     store.fail_next_append()
     _wake(system, session)  # batch [A]: entry written, append abandoned
     assert system.coordination.followups.waiting(session) == 1
-    assert _dispatches(system, session) == 0
+    assert len(dispatch_records(system.store, session)) == 0
     clock.advance(60)
     _wake(system, session)  # batch [A, C] recorded
     system.step()
-    messages = _messages(system, session)
+    messages = reminder_messages(system.store, session)
     assert len(messages) == 1
     pairs = [p["scheduleId"] for p in messages[0]["source"]["reminders"]]
     assert pairs == ["schedule-1", "schedule-2"]
@@ -91,7 +87,7 @@ def test_an_abandoned_smaller_batch_never_stands_in_for_the_recorded_one(
     for _ in range(3):
         _wake(system, session)
         system.step()
-    assert len(_messages(system, session)) == 1
+    assert len(reminder_messages(system.store, session)) == 1
     assert system.coordination.followups.waiting(session) == 0
 
 
@@ -103,11 +99,11 @@ def test_a_failed_due_preflight_dispatches_nothing_and_keeps_the_record(
     clock.advance(3)
     store.fail_next_flush()
     _wake(system, session)
-    assert _dispatches(system, session) == 0
+    assert len(dispatch_records(system.store, session)) == 0
     assert _active(system, session) == ["schedule-1"]
     _wake(system, session)
     system.step()
-    assert len(_messages(system, session)) == 1
+    assert len(reminder_messages(system.store, session)) == 1
 
 
 def test_a_failed_dispatch_barrier_leaves_the_dispatch_for_a_later_preflight(
@@ -127,10 +123,10 @@ def test_a_failed_dispatch_barrier_leaves_the_dispatch_for_a_later_preflight(
     store.flush = barrier_fails  # type: ignore[method-assign]
     _wake(system, session)
     store.flush = original  # type: ignore[method-assign]
-    assert _dispatches(system, session) == 1
+    assert len(dispatch_records(system.store, session)) == 1
     assert store.unflushed(session)  # not yet confirmed
     system.step()  # the host's gate preflight confirms it and delivers
-    assert len(_messages(system, session)) == 1
+    assert len(reminder_messages(system.store, session)) == 1
     assert not store.unflushed(session)
 
 
@@ -146,7 +142,7 @@ def test_a_framing_failure_writes_nothing(
 
     monkeypatch.setattr("worker.due.one_shot_frame", broken)
     _wake(system, session)
-    assert _dispatches(system, session) == 0
+    assert len(dispatch_records(system.store, session)) == 0
     assert system.coordination.followups.waiting(session) == 0
     assert _active(system, session) == ["schedule-1"]
 
@@ -174,7 +170,7 @@ def test_a_failed_barrier_after_host_delivery_still_runs_the_turn(
     events = system.store.read(session).events
     assert events[-1].type == TURN_END  # the host ran the turn for the reminder
     system.step()
-    assert len(_messages(system, session)) == 1
+    assert len(reminder_messages(system.store, session)) == 1
 
 
 def test_a_forked_session_has_its_own_reminders_and_delivery(
@@ -191,8 +187,8 @@ def test_a_forked_session_has_its_own_reminders_and_delivery(
     for _ in range(12):
         clock.advance(1)
         system.step()
-    child_messages = _messages(system, "child")
+    child_messages = reminder_messages(system.store, "child")
     assert len(child_messages) == 1
     assert '"child\'s"' in child_messages[0]["content"][0]["text"]
-    assert _messages(system, parent) == []
+    assert reminder_messages(system.store, parent) == []
     assert _active(system, parent) == ["schedule-1"]

@@ -16,11 +16,11 @@ import redis
 from dsh_schedule.embedded import EmbeddedSystem
 from scheduler.tools import ScheduleTools
 from shared.coordination import Coordination
-from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, Event, NewEvent
+from shared.events import SCHEDULE_CHANGE, Event, NewEvent
 from shared.fold import fold
 from shared.memory_store import MemoryStore
 from shared.settings import Settings
-from tests.support import FakeClock, new_session, value
+from tests.support import FakeClock, dispatch_records, new_session, reminder_messages, value
 
 
 class PausingStore(MemoryStore):
@@ -104,11 +104,8 @@ def test_expired_worker_cannot_deliver_and_the_reminder_arrives_once(
     paused.join()
     for _ in range(3):
         system.step()
-    events = store.read(session).events
-    dispatches = [e for e in events
-                  if e.type == SCHEDULE_CHANGE and e.data["operation"] == "dispatch"]
-    delivered = [e for e in events
-                 if e.type == USER_MESSAGE and e.data["source"].get("plugin") == "tool-schedule"]
+    dispatches = dispatch_records(store, session)
+    delivered = reminder_messages(store, session)
     assert len(dispatches) == 1
     assert len(delivered) == 1
     assert store.conflicts == 1
