@@ -116,13 +116,6 @@ class ArmRequest(NamedTuple):
     previous: str | None
 
 
-class _Unread:
-    """Marks an argument the callee must read itself."""
-
-
-UNREAD: Final = _Unread()
-
-
 def wake_job_id(agent: str, target_ms: int) -> str:
     """``wake_<hex of agent id>_<epoch second>`` (rq ids allow only [A-Za-z0-9_-])."""
     return f"wake_{agent.encode().hex()}_{target_ms // 1000}"
@@ -142,21 +135,10 @@ class WakeProjection:
     def is_scheduled(self, job_id: str) -> bool:
         return self._client.zscore(self.scheduler.scheduled_jobs_key, job_id) is not None
 
-    def arm(
-        self,
-        agent: str,
-        target_ms: int | None,
-        queue: str,
-        *,
-        previous: str | None | _Unread = UNREAD,
-    ) -> str | None:
-        """Make ``target_ms`` the agent's one current wake (None: no wake). Hold the lock.
-
-        ``previous`` is the current wake id (or None) when the caller has just read it.
-        """
-        if isinstance(previous, _Unread):
-            previous = self.current(agent)
-        return self.arm_many([ArmRequest(agent, target_ms, queue, previous)])[0]
+    def arm(self, agent: str, target_ms: int | None, queue: str) -> str | None:
+        """Make ``target_ms`` the agent's one current wake (None: no wake). Hold the lock."""
+        request = ArmRequest(agent, target_ms, queue, self.current(agent))
+        return self.arm_many([request])[0]
 
     def arm_many(self, requests: Sequence[ArmRequest]) -> list[str | None]:
         """``arm`` for many agents in one read and one write round trip; hold every
