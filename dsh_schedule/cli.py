@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.settings import Settings
+from dsh_schedule.shared.settings import Settings
 
 log = logging.getLogger("dsh_schedule")
 
@@ -43,9 +43,9 @@ def _dump(value: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from shared.errors import PersistenceError, ScheduleLogError
-    from shared.fold import fold
-    from shared.jsonl_store import read_session_file
+    from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
+    from dsh_schedule.shared.core.fold import fold
+    from dsh_schedule.shared.store.jsonl import read_session_file
 
     status = 0
     for name in args.files:
@@ -61,10 +61,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_fold(args: argparse.Namespace) -> int:
-    from shared.fold import fold
-    from shared.instant import parse_instant
-    from shared.jsonl_store import read_session_file
-    from shared.views import list_value, render
+    from dsh_schedule.shared.core.fold import fold
+    from dsh_schedule.shared.core.instant import parse_instant
+    from dsh_schedule.shared.core.views import list_value, render
+    from dsh_schedule.shared.store.jsonl import read_session_file
 
     session = read_session_file(Path(args.file))
     now = parse_instant(args.now) if args.now else _wall_ms()
@@ -73,9 +73,9 @@ def cmd_fold(args: argparse.Namespace) -> int:
 
 
 def cmd_present(args: argparse.Namespace) -> int:
-    from shared.jsonl_store import read_session_file
-    from shared.presentation import receipt_value, reminder_presentation
-    from shared.views import render
+    from dsh_schedule.shared.core.presentation import receipt_value, reminder_presentation
+    from dsh_schedule.shared.core.views import render
+    from dsh_schedule.shared.store.jsonl import read_session_file
 
     session = read_session_file(Path(args.file))
     shown = reminder_presentation(session.events, args.seq, session.seed_length)
@@ -84,7 +84,7 @@ def cmd_present(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from shared import catalog
+    from dsh_schedule.shared.core import catalog
 
     exporters = {
         "catalog": catalog.catalog_json,
@@ -99,9 +99,9 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_session(args: argparse.Namespace) -> int:
-    from shared.events import SessionHeader
-    from shared.jsonl_store import JsonlStore
-    from shared.timesel import load_zone
+    from dsh_schedule.shared.core.events import SessionHeader
+    from dsh_schedule.shared.core.timesel import load_zone
+    from dsh_schedule.shared.store.jsonl import JsonlStore
 
     settings = _settings(args)
     store = JsonlStore(settings.sessions)
@@ -117,10 +117,10 @@ def cmd_session(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from scheduler.tools import ScheduleTools
-    from shared.coordination import Coordination
-    from shared.jsonl_store import JsonlStore
-    from shared.redis_conn import connect
+    from dsh_schedule.host.tools import ScheduleTools
+    from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.coordination.connection import connect
+    from dsh_schedule.shared.store.jsonl import JsonlStore
 
     settings = _settings(args)
     tool_args = json.loads(args.args_json) if args.args_json else {}
@@ -138,7 +138,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.process import run_worker
+    from dsh_schedule.worker.process import run_worker
 
     settings = _settings(args)
     _require_redis(settings, "worker")
@@ -146,7 +146,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    from scheduler.process import run_scheduler
+    from dsh_schedule.scheduler.process import run_scheduler
 
     settings = _settings(args)
     _require_redis(settings, "scheduler")
@@ -156,8 +156,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 def cmd_rebuild(args: argparse.Namespace) -> int:
     import redis
 
-    from scheduler.process import rebuild
-    from shared.coordination import Coordination
+    from dsh_schedule.scheduler.process import rebuild
+    from dsh_schedule.shared.coordination.agents import Coordination
 
     settings = _settings(args)
     _require_redis(settings, "rebuild")
@@ -171,9 +171,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 def cmd_host(args: argparse.Namespace) -> int:
     import redis
 
-    from scheduler.host import ReferenceHost
-    from shared.coordination import Coordination
-    from shared.jsonl_store import JsonlStore
+    from dsh_schedule.host.reference import ReferenceHost
+    from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.store.jsonl import JsonlStore
 
     settings = _settings(args)
     _require_redis(settings, "host")
@@ -274,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "worker":
             p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
         p.set_defaults(func=func)
-    from dsh_schedule import demo, loadtest
+    from dsh_schedule import demo
+    from dsh_schedule.loadtest import command as loadtest
 
     p = sub.add_parser("demo", help="the whole system on embedded defaults, as a timeline")
     demo.add_arguments(p)
@@ -297,8 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from shared.errors import PersistenceError, ScheduleLogError, ToolError
-    from shared.settings import SettingsError
+    from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
+    from dsh_schedule.shared.settings import SettingsError
 
     try:
         result: int = args.func(args)

@@ -23,18 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from dsh_schedule.embedded import EmbeddedSystem
-from scheduler.bridge import Delivery
-from scheduler.host import ReferenceHost
-from scheduler.process import rebuild
-from shared.coordination import Coordination
-from shared.events import SessionHeader
-from shared.fold import fold
-from shared.instant import format_instant, parse_instant, to_datetime
-from shared.jsonl_store import JsonlStore
-from shared.presentation import receipt_value, reminder_presentation
-from shared.settings import Settings
-from shared.timesel import load_zone
-from shared.views import render
+from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.reference import ReferenceHost
+from dsh_schedule.scheduler.process import rebuild
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.events import SessionHeader
+from dsh_schedule.shared.core.fold import fold
+from dsh_schedule.shared.core.instant import format_instant, parse_instant, to_datetime
+from dsh_schedule.shared.core.presentation import receipt_value, reminder_presentation
+from dsh_schedule.shared.core.timesel import load_zone
+from dsh_schedule.shared.core.views import render
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
 
 SESSION = "demo-session"
 ZONE = "America/New_York"

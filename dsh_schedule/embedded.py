@@ -12,15 +12,15 @@ from collections.abc import Callable
 import redis
 from rq import Queue, SimpleWorker
 
-from scheduler.bridge import Delivery
-from scheduler.host import ReferenceHost
-from scheduler.process import RebuildReport, rebuild
-from shared.coordination import Coordination
-from shared.redis_conn import connect
-from shared.settings import Settings
-from shared.store import SessionStore
-from worker import job
-from worker.due import DueOwner
+from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.reference import ReferenceHost
+from dsh_schedule.scheduler.process import RebuildReport, rebuild
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.connection import connect
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.worker import job
+from dsh_schedule.worker.due import DueOwner
 
 log = logging.getLogger(__name__)
 

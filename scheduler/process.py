@@ -16,9 +16,9 @@ from types import FrameType
 import msgspec
 import redis
 
-from shared.coordination import Coordination
-from shared.lock import LockUnavailable
-from shared.settings import Settings
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 

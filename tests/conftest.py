@@ -15,8 +15,8 @@ import fakeredis
 import pytest
 import redis
 
-from shared.coordination import Coordination
-from shared.settings import Settings
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.settings import Settings
 
 REAL_REDIS_URL = os.environ.get("DSH_SCHEDULE_TEST_REDIS", "redis://127.0.0.1:6379/9")
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
-from shared.instant import parse_instant
-from shared.store import SessionStore
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
+from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.store.port import SessionStore
 
 T0 = parse_instant("2026-12-01T12:00:00.000Z")
 

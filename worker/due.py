@@ -16,20 +16,20 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Final
 
-from shared.coordination import Coordination
-from shared.due import DispatchBatch, DispatchOne, Wait, due_decision
-from shared.errors import FenceConflict, PersistenceError, ScheduleLogError
-from shared.events import SCHEDULE_CHANGE, NewEvent, Session
-from shared.fold import FoldState, occurrence_at
-from shared.followups import Pair
-from shared.framing import FramingError, batch_frame, one_shot_frame
-from shared.instant import format_instant
-from shared.ledger import LedgerCache
-from shared.lock import LockUnavailable
-from shared.phase import Release
-from shared.records import DispatchChange, encode_change
-from shared.store import SessionStore
-from worker.reproject import reproject
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.followups import Pair
+from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.coordination.phase import Release
+from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
+from dsh_schedule.shared.core.fold import FoldState, occurrence_at
+from dsh_schedule.shared.core.framing import FramingError, batch_frame, one_shot_frame
+from dsh_schedule.shared.core.instant import format_instant
+from dsh_schedule.shared.core.ledger import LedgerCache
+from dsh_schedule.shared.core.records import DispatchChange, encode_change
+from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.worker.reproject import reproject
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The rq job behind every wake: ``worker.job.wake(agent, target_ms)``.
+"""The rq job behind every wake: ``dsh_schedule.worker.job.wake(agent, target_ms)``.
 
 The process that runs the job installs its owner once (``install``); the scheduler side
 only names this function by its import path, so the two packages never import each other.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from worker.due import DueOwner
+from dsh_schedule.worker.due import DueOwner
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ import logging
 import redis
 from rq import Queue, SimpleWorker
 
-from shared.coordination import Coordination
-from shared.jsonl_store import JsonlStore
-from shared.settings import Settings
-from worker import job
-from worker.due import DueOwner
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.worker import job
+from dsh_schedule.worker.due import DueOwner
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ is byte-identical to the original frame.
 
 from __future__ import annotations
 
-from shared.events import Session
-from shared.followups import Followups, Pair
-from shared.framing import batch_frame, one_shot_frame
-from shared.ledger import DispatchGroup, LedgerCache
-from shared.presentation import reminder_presentation
+from dsh_schedule.shared.coordination.followups import Followups, Pair
+from dsh_schedule.shared.core.events import Session
+from dsh_schedule.shared.core.framing import batch_frame, one_shot_frame
+from dsh_schedule.shared.core.ledger import DispatchGroup, LedgerCache
+from dsh_schedule.shared.core.presentation import reminder_presentation
 
 
 def render_group(session: Session, group: DispatchGroup) -> str:

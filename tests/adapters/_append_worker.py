@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from shared.errors import FenceConflict
-from shared.events import SCHEDULE_CHANGE, NewEvent
-from shared.jsonl_store import JsonlStore
+from dsh_schedule.shared.core.errors import FenceConflict
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent
+from dsh_schedule.shared.store.jsonl import JsonlStore
 
 WAIT_LIMIT_S = 60.0
 

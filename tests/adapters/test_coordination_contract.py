@@ -12,12 +12,12 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from shared.coordination import Coordination
-from shared.fold import EMPTY, FoldState
-from shared.followups import Pair
-from shared.instant import format_instant
-from shared.records import AtSchedule
-from shared.wake import WAKE_FUNC, wake_job_id
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.followups import Pair
+from dsh_schedule.shared.coordination.wake import WAKE_FUNC, wake_job_id
+from dsh_schedule.shared.core.fold import EMPTY, FoldState
+from dsh_schedule.shared.core.instant import format_instant
+from dsh_schedule.shared.core.records import AtSchedule
 
 AGENT = "agent-1"
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z

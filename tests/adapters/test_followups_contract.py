@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import redis
 
-from shared.followups import FollowupEntry, Followups, Pair
-from shared.keys import Keys
-from shared.settings import Settings
+from dsh_schedule.shared.coordination.followups import FollowupEntry, Followups, Pair
+from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 SINGLE_TEXT = '[SCHEDULE REMINDER]\nreminder_prompt_json: "call Ana \u2603"'

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.errors import PersistenceError, ScheduleLogError
-from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
-from shared.jsonl_store import JsonlStore, read_session_file
-from shared.store import SessionExists, escape_session_id, unescape_session_id
+from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
+from dsh_schedule.shared.store.jsonl import JsonlStore, read_session_file
+from dsh_schedule.shared.store.port import SessionExists, escape_session_id, unescape_session_id
 
 T0 = 1_764_579_600_000
 WHEN = "2026-12-01T16:00:00.000Z"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from shared.followups import Followups, Pair
-from shared.keys import Keys
-from shared.leases import Leases
-from shared.settings import Settings
+from dsh_schedule.shared.coordination.followups import Followups, Pair
+from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.leases import Leases
+from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 QUEUE = "queue-a"

@@ -8,9 +8,9 @@ from contextlib import ExitStack
 import pytest
 import redis
 
-from shared.keys import Keys
-from shared.lock import AgentLocks, LockUnavailable
-from shared.settings import Settings
+from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.lock import AgentLocks, LockUnavailable
+from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 SHORT_TTL_S = 0.2  # the only lock TTL the suite waits out

@@ -7,9 +7,9 @@ import time
 import pytest
 import redis
 
-from shared.keys import Keys
-from shared.phase import AgentPhase, Release
-from shared.settings import Settings
+from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.phase import AgentPhase, Release
+from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 TTL_S = 10.0

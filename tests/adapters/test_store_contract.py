@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from shared.errors import FenceConflict, PersistenceError, ScheduleLogError
-from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
-from shared.jsonl_store import JsonlStore
-from shared.memory_store import MemoryStore
-from shared.store import SessionExists, SessionStore
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.memory import MemoryStore
+from dsh_schedule.shared.store.port import SessionExists, SessionStore
 
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
 WHEN = "2026-12-01T16:00:00.000Z"

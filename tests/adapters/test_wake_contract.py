@@ -13,9 +13,15 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from shared.keys import Keys
-from shared.settings import Settings
-from shared.wake import MOVE_BATCH, WAKE_FUNC, WAKE_MANY_FUNC, WakeProjection, wake_job_id
+from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.wake import (
+    MOVE_BATCH,
+    WAKE_FUNC,
+    WAKE_MANY_FUNC,
+    WakeProjection,
+    wake_job_id,
+)
+from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 AGENT_HEX = AGENT.encode().hex()

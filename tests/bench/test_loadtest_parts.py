@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from dsh_schedule.loadtest_report import Figures, RebuildFigure, targets
-from dsh_schedule.loadtest_runtime import with_db
-from dsh_schedule.loadtest_sessions import ACTIVE_KEPT, conversation, reminders
-from dsh_schedule.loadtest_stats import cost_ratio, latency, percentile, rate_ratio
-from shared.events import SCHEDULE_CHANGE
-from shared.fold import fold
+from dsh_schedule.loadtest.report import Figures, RebuildFigure, targets
+from dsh_schedule.loadtest.runtime import with_db
+from dsh_schedule.loadtest.sessions import ACTIVE_KEPT, conversation, reminders
+from dsh_schedule.loadtest.stats import cost_ratio, latency, percentile, rate_ratio
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
+from dsh_schedule.shared.core.fold import fold
 from tests.support import T0
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.catalog import (
+from dsh_schedule.shared.core.catalog import (
     CATALOG_PATH,
     ERROR_WHEN,
     REGENERATE_COMMAND,
@@ -22,11 +22,11 @@ from shared.catalog import (
     render_catalog_markdown,
     tool_definitions,
 )
-from shared.errors import ERROR_CODES, ToolError
-from shared.fold import FoldState
-from shared.instant import parse_instant
-from shared.records import AfterSchedule, AtSchedule, EverySchedule, Schedule
-from shared.views import delete_value, list_value, schedule_view
+from dsh_schedule.shared.core.errors import ERROR_CODES, ToolError
+from dsh_schedule.shared.core.fold import FoldState
+from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.core.records import AfterSchedule, AtSchedule, EverySchedule, Schedule
+from dsh_schedule.shared.core.views import delete_value, list_value, schedule_view
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def test_the_committed_catalog_is_current() -> None:
 
 def test_running_the_module_prints_the_catalog() -> None:
     printed = subprocess.run(
-        [sys.executable, "-m", "shared.catalog"],
+        [sys.executable, "-m", "dsh_schedule.shared.core.catalog"],
         cwd=REPO,
         capture_output=True,
         check=True,

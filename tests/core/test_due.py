@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from shared.due import DispatchBatch, DispatchOne, Wait, due_decision, gate_opens_ms, next_wake_ms
-from shared.fold import FoldState
-from shared.instant import format_instant, parse_instant
-from shared.records import AfterSchedule, AtSchedule, EverySchedule, Schedule
+from dsh_schedule.shared.core.due import (
+    DispatchBatch,
+    DispatchOne,
+    Wait,
+    due_decision,
+    gate_opens_ms,
+    next_wake_ms,
+)
+from dsh_schedule.shared.core.fold import FoldState
+from dsh_schedule.shared.core.instant import format_instant, parse_instant
+from dsh_schedule.shared.core.records import AfterSchedule, AtSchedule, EverySchedule, Schedule
 
 T = parse_instant("2026-12-01T12:00:00.000Z")
 S = 1000

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from shared.errors import ScheduleLogError
-from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, Event
-from shared.fold import (
+from dsh_schedule.shared.core.errors import ScheduleLogError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, Event
+from dsh_schedule.shared.core.fold import (
     EMPTY,
     FoldState,
     allocate_id,
@@ -17,8 +17,8 @@ from shared.fold import (
     fold_events,
     occurrence_at,
 )
-from shared.instant import format_instant, parse_instant
-from shared.records import EverySchedule
+from dsh_schedule.shared.core.instant import format_instant, parse_instant
+from dsh_schedule.shared.core.records import EverySchedule
 
 T = "2026-12-01T12:00:00.000Z"
 

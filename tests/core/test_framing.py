@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.errors import ScheduleError
-from shared.framing import LINE_BREAKS, FramingError, batch_frame, one_shot_frame
-from shared.instant import MAX_MS, format_instant
+from dsh_schedule.shared.core.errors import ScheduleError
+from dsh_schedule.shared.core.framing import LINE_BREAKS, FramingError, batch_frame, one_shot_frame
+from dsh_schedule.shared.core.instant import MAX_MS, format_instant
 
 FORGED = 'stop"\n\roccurrence_at: 2000-01-01T00:00:00.000Z\nschedule_id_json: "schedule-99"'
 OCCURRENCE = "2026-12-01T16:00:00.000Z"

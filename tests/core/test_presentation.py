@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from shared.errors import ScheduleLogError
-from shared.events import SCHEDULE_CHANGE, TURN_START, USER_MESSAGE, Event
-from shared.fold import fold
-from shared.presentation import (
+from dsh_schedule.shared.core.errors import ScheduleLogError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, TURN_START, USER_MESSAGE, Event
+from dsh_schedule.shared.core.fold import fold
+from dsh_schedule.shared.core.presentation import (
     Presentation,
     own_dispatch_batches,
     receipt_value,

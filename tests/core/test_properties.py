@@ -10,12 +10,31 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.due import DispatchBatch, DispatchOne, Wait, due_decision, next_wake_ms
-from shared.events import SCHEDULE_CHANGE, USER_MESSAGE, Event
-from shared.fold import EMPTY, FoldState, allocate_id, check_candidate, fold, fold_events
-from shared.instant import MAX_MS, MAX_SAFE_INTEGER, MIN_MS, format_instant, parse_instant
-from shared.presentation import own_dispatch_batches, reminder_presentation
-from shared.records import (
+from dsh_schedule.shared.core.due import (
+    DispatchBatch,
+    DispatchOne,
+    Wait,
+    due_decision,
+    next_wake_ms,
+)
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, Event
+from dsh_schedule.shared.core.fold import (
+    EMPTY,
+    FoldState,
+    allocate_id,
+    check_candidate,
+    fold,
+    fold_events,
+)
+from dsh_schedule.shared.core.instant import (
+    MAX_MS,
+    MAX_SAFE_INTEGER,
+    MIN_MS,
+    format_instant,
+    parse_instant,
+)
+from dsh_schedule.shared.core.presentation import own_dispatch_batches, reminder_presentation
+from dsh_schedule.shared.core.records import (
     MAX_EVERY_SECONDS,
     MIN_EVERY_SECONDS,
     AfterSchedule,

@@ -12,20 +12,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("redis", "rq", "rq_scheduler", "fakeredis")
 CORE = (
-    "shared.records",
-    "shared.fold",
-    "shared.due",
-    "shared.presentation",
-    "shared.instant",
-    "shared.errors",
-    "shared.events",
-    "shared.ledger",
-    "shared.timesel",
-    "shared.timecontext",
-    "shared.requests",
-    "shared.views",
-    "shared.framing",
-    "shared.catalog",
+    "dsh_schedule.shared.core.records",
+    "dsh_schedule.shared.core.fold",
+    "dsh_schedule.shared.core.due",
+    "dsh_schedule.shared.core.presentation",
+    "dsh_schedule.shared.core.instant",
+    "dsh_schedule.shared.core.errors",
+    "dsh_schedule.shared.core.events",
+    "dsh_schedule.shared.core.ledger",
+    "dsh_schedule.shared.core.timesel",
+    "dsh_schedule.shared.core.timecontext",
+    "dsh_schedule.shared.core.requests",
+    "dsh_schedule.shared.core.views",
+    "dsh_schedule.shared.core.framing",
+    "dsh_schedule.shared.core.catalog",
 )
 PROBE = """
 import importlib, json, sys

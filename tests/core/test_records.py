@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from shared.errors import ScheduleLogError
-from shared.events import SCHEDULE_CHANGE, Event
-from shared.fold import fold
-from shared.instant import MAX_SAFE_INTEGER
-from shared.records import (
+from dsh_schedule.shared.core.errors import ScheduleLogError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event
+from dsh_schedule.shared.core.fold import fold
+from dsh_schedule.shared.core.instant import MAX_SAFE_INTEGER
+from dsh_schedule.shared.core.records import (
     MAX_EVERY_SECONDS,
     AfterSchedule,
     CreateChange,

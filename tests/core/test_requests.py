@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import ToolError
-from shared.events import Event, Session, SessionHeader
-from shared.fold import EMPTY, FoldState, fold_events
-from shared.instant import MAX_MS, MAX_SAFE_INTEGER, format_instant, parse_instant
-from shared.records import (
+from dsh_schedule.shared.core.errors import ToolError
+from dsh_schedule.shared.core.events import Event, Session, SessionHeader
+from dsh_schedule.shared.core.fold import EMPTY, FoldState, fold_events
+from dsh_schedule.shared.core.instant import MAX_MS, MAX_SAFE_INTEGER, format_instant, parse_instant
+from dsh_schedule.shared.core.records import (
     MAX_EVERY_SECONDS,
     AfterSchedule,
     AtSchedule,
@@ -22,14 +22,14 @@ from shared.records import (
     encode_change,
     js_trim,
 )
-from shared.requests import (
+from dsh_schedule.shared.core.requests import (
     CreateRequest,
     build_create,
     parse_create_args,
     parse_delete_args,
     parse_list_args,
 )
-from shared.timecontext import derive_zone_context, implicit_zone
+from dsh_schedule.shared.core.timecontext import derive_zone_context, implicit_zone
 
 NOW = parse_instant("2026-12-01T09:00:00.000Z")
 

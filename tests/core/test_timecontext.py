@@ -6,9 +6,14 @@ from typing import Any
 
 import pytest
 
-from shared.errors import ToolError
-from shared.events import Event, Session, SessionHeader
-from shared.timecontext import ZoneContext, derive_zone_context, implicit_zone, open_turn_start
+from dsh_schedule.shared.core.errors import ToolError
+from dsh_schedule.shared.core.events import Event, Session, SessionHeader
+from dsh_schedule.shared.core.timecontext import (
+    ZoneContext,
+    derive_zone_context,
+    implicit_zone,
+    open_turn_start,
+)
 
 BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"

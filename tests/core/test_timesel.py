@@ -10,9 +10,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from shared.errors import ToolError
-from shared.instant import MAX_MS, MIN_MS, format_instant, parse_instant, to_datetime
-from shared.timesel import is_valid_zone, load_zone, resolve_at
+from dsh_schedule.shared.core.errors import ToolError
+from dsh_schedule.shared.core.instant import (
+    MAX_MS,
+    MIN_MS,
+    format_instant,
+    parse_instant,
+    to_datetime,
+)
+from dsh_schedule.shared.core.timesel import is_valid_zone, load_zone, resolve_at
 
 NOW = parse_instant("2026-12-01T09:00:00.000Z")
 

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.errors import ToolError
-from shared.fold import FoldState
-from shared.instant import MAX_MS, format_instant, parse_instant
-from shared.records import AfterSchedule, AtSchedule, EverySchedule, Schedule
-from shared.views import (
+from dsh_schedule.shared.core.errors import ToolError
+from dsh_schedule.shared.core.fold import FoldState
+from dsh_schedule.shared.core.instant import MAX_MS, format_instant, parse_instant
+from dsh_schedule.shared.core.records import AfterSchedule, AtSchedule, EverySchedule, Schedule
+from dsh_schedule.shared.core.views import (
     ToolResult,
     delete_value,
     error_result,

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.events import SessionHeader
-from shared.fold import fold
-from shared.jsonl_store import JsonlStore, read_session_file
+from dsh_schedule.shared.core.events import SessionHeader
+from dsh_schedule.shared.core.fold import fold
+from dsh_schedule.shared.store.jsonl import JsonlStore, read_session_file
 from tests.conftest import REAL_REDIS_URL
 
 CREATOR = """
 import json, sys, time
 import redis
-from scheduler.tools import ScheduleTools
-from shared.coordination import Coordination
-from shared.jsonl_store import JsonlStore
-from shared.settings import Settings
+from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.settings import Settings
 
 root, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 settings = Settings.from_env({}, sessions=root, redis_url=url, prefix="conc-test:")

@@ -9,10 +9,10 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
-from shared.events import TURN_END
-from shared.framing import FramingError
-from shared.memory_store import MemoryStore
-from shared.settings import Settings
+from dsh_schedule.shared.core.events import TURN_END
+from dsh_schedule.shared.core.framing import FramingError
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import (
     FakeClock,
     dispatch_records,
@@ -140,7 +140,7 @@ def test_a_framing_failure_writes_nothing(
     def broken(*args: object) -> str:
         raise FramingError("broken")
 
-    monkeypatch.setattr("worker.due.one_shot_frame", broken)
+    monkeypatch.setattr("dsh_schedule.worker.due.one_shot_frame", broken)
     _wake(system, session)
     assert len(dispatch_records(system.store, session)) == 0
     assert system.coordination.followups.waiting(session) == 0

@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
-from shared.fold import fold
-from shared.memory_store import MemoryStore
-from shared.settings import Settings
+from dsh_schedule.shared.core.fold import fold
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import (
     FakeClock,
     dispatch_records,

@@ -14,12 +14,12 @@ import msgspec
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
-from scheduler.tools import ScheduleTools
-from shared.coordination import Coordination
-from shared.events import SCHEDULE_CHANGE, Event, NewEvent
-from shared.fold import fold
-from shared.memory_store import MemoryStore
-from shared.settings import Settings
+from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event, NewEvent
+from dsh_schedule.shared.core.fold import fold
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, dispatch_records, new_session, reminder_messages, value
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import redis
 
-from scheduler.host import Agent, AgentRegistry
-from scheduler.plugin import CompositionError, SchedulePlugin
-from shared.coordination import Coordination
-from shared.events import SCHEDULE_CHANGE
-from shared.memory_store import MemoryStore
+from dsh_schedule.host.plugin import CompositionError, SchedulePlugin
+from dsh_schedule.host.reference import Agent, AgentRegistry
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
+from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, new_session, value
 
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import redis
 
-from scheduler.host import ReferenceHost
-from shared.coordination import Coordination
-from shared.events import SessionHeader
-from shared.jsonl_store import JsonlStore
-from shared.settings import Settings
+from dsh_schedule.host.reference import ReferenceHost
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.events import SessionHeader
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.conftest import REAL_REDIS_URL
 from tests.support import dispatch_records, reminder_texts, value
 

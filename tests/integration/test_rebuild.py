@@ -5,11 +5,11 @@ from __future__ import annotations
 import redis
 from rq import Queue
 
-from scheduler.bridge import HostBridge
-from scheduler.process import rebuild
-from shared.coordination import Coordination
-from shared.followups import Pair
-from shared.memory_store import MemoryStore
+from dsh_schedule.host.bridge import HostBridge
+from dsh_schedule.scheduler.process import rebuild
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.followups import Pair
+from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, new_session
 
 
@@ -34,7 +34,7 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
 
     assert report.woken == ("live",) and report.retired == ("ended",)
     assert [(job.func_name, job.args) for job in queue.jobs] == [
-        ("worker.job.wake_many", (["live"],))
+        ("dsh_schedule.worker.job.wake_many", (["live"],))
     ]
     assert coordination.wakes.current("ended") is None
     assert coordination.followups.waiting("ended") == 0

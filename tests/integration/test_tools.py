@@ -7,12 +7,18 @@ from pathlib import Path
 import pytest
 import redis
 
-from scheduler.tools import ScheduleTools
-from shared.coordination import Coordination
-from shared.events import SCHEDULE_CHANGE, STEP_START, TURN_START, USER_MESSAGE, NewEvent
-from shared.jsonl_store import JsonlStore
-from shared.memory_store import MemoryStore
-from shared.settings import Settings
+from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.events import (
+    SCHEDULE_CHANGE,
+    STEP_START,
+    TURN_START,
+    USER_MESSAGE,
+    NewEvent,
+)
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, append_raw_line, new_session, value
 
 

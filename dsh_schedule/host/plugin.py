@@ -1,0 +1,107 @@
+"""The Schedule plugin: installs the three tools on root agents created after it loads.
+
+It listens only to later agent-created events, so agents that already existed when it
+loaded, and runtime children, never receive Schedule (the seed's load-order boundary).
+Its services are injected when it is built: a missing session store or Redis connection
+is a composition error, not a tool error later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from dsh_schedule.host.bridge import HostBridge
+from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
+from dsh_schedule.shared.core.errors import ScheduleError
+from dsh_schedule.shared.core.views import ToolResult
+from dsh_schedule.shared.store.port import SessionStore
+
+log = logging.getLogger(__name__)
+
+ToolHandler = Callable[[Any], ToolResult]
+
+
+class AgentHandle(Protocol):
+    """A live agent as the host shows it to plugins."""
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id, which is its root session id."""
+        ...
+
+    @property
+    def is_root(self) -> bool: ...
+
+    def register_tool(self, definition: ToolDefinition, handler: ToolHandler) -> None:
+        """Add a tool to this agent's own tool set (its exact context)."""
+        ...
+
+
+class AgentEvents(Protocol):
+    def on_agent_created(self, listener: Callable[[AgentHandle], None]) -> Callable[[], None]:
+        """Call ``listener`` for every agent created from now on; returns an unsubscribe."""
+        ...
+
+
+class CompositionError(ScheduleError, TypeError):
+    """The plugin was built without a service it needs."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class SchedulePlugin:
+    def __init__(
+        self,
+        *,
+        store: SessionStore | None,
+        coordination: Coordination | None,
+        clock: Callable[[], int] = wall_clock_ms,
+        consumer: str | None = None,
+    ) -> None:
+        if store is None:
+            raise CompositionError("the Schedule plugin needs a session store")
+        if coordination is None:
+            raise CompositionError("the Schedule plugin needs a Redis connection")
+        self.tools = ScheduleTools(store, coordination, clock)
+        self.bridge = HostBridge(store, coordination, clock=clock, consumer=consumer)
+        self.installed: list[str] = []
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def load(self, events: AgentEvents) -> None:
+        """Start listening for agents created from now on."""
+        self._unsubscribe = events.on_agent_created(self._on_agent_created)
+
+    def _on_agent_created(self, agent: AgentHandle) -> None:
+        if not agent.is_root:
+            return
+        for definition in tool_definitions():
+            handler = partial(self.tools.call, agent.agent_id, definition.name)
+            agent.register_tool(definition, handler)
+        self.installed.append(agent.agent_id)
+        self.bridge.install(agent.agent_id)
+        log.info("installed Schedule on %s", agent.agent_id)
+
+    def renew_leases(self) -> list[str]:
+        return self.bridge.renew(self.installed)
+
+    def dispose(self) -> None:
+        """Stop listening and forget every installed agent in Redis; logs are untouched."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self.tools.close()
+        for agent in self.installed:
+            try:
+                self.bridge.dispose(agent)  # waits for the agent's transaction in flight
+            except Exception:
+                # Its lease runs out; the reconcile pass removes the rest.
+                log.warning("could not dispose of %s cleanly", agent, exc_info=True)
+        self.installed.clear()

@@ -1,0 +1,215 @@
+"""The three management transactions (DESIGN §5).
+
+Shape checks run before the queue. Then, holding the per-agent lock: preflight flush,
+fold, one ``now`` sample, a fenced append, the barrier flush, and the owner's recompute.
+A fence conflict re-reads, re-folds and re-decides; it is not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Final
+
+import redis
+
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.core.errors import (
+    FenceConflict,
+    PersistenceError,
+    ScheduleLogError,
+    ToolError,
+)
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
+from dsh_schedule.shared.core.fold import FoldState, fold_events
+from dsh_schedule.shared.core.records import CreateChange, DeleteChange, encode_change
+from dsh_schedule.shared.core.requests import (
+    build_create,
+    parse_create_args,
+    parse_delete_args,
+    parse_list_args,
+)
+from dsh_schedule.shared.core.timecontext import derive_zone_context, implicit_zone
+from dsh_schedule.shared.core.views import (
+    ToolResult,
+    delete_value,
+    error_result,
+    list_value,
+    ok_result,
+    schedule_view,
+)
+from dsh_schedule.shared.store.port import SessionStore
+
+log = logging.getLogger(__name__)
+
+FENCE_RETRIES: Final = 4
+CLOSED_MESSAGE: Final = "Schedule is no longer available in this agent; nothing was changed."
+Clock = Callable[[], int]
+
+
+class _Uncertain(Exception):
+    """Preflight or barrier failed: the answer is persistence_uncertain."""
+
+    def __init__(self, schedule_id: str | None = None) -> None:
+        self.schedule_id = schedule_id
+
+
+class _Recompute:
+    """The fold the owner should recompute from when the transaction ends."""
+
+    def __init__(self) -> None:
+        self.state: FoldState | None = None
+
+    def confirmed(self, state: FoldState) -> None:
+        self.state = state
+
+
+class ScheduleTools:
+    """Runs tool calls for agents whose id is their root session id."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        coordination: Coordination,
+        clock: Clock,
+    ) -> None:
+        self._store = store
+        self._coord = coordination
+        self._clock = clock
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop new work: later calls answer ``internal_error`` and touch nothing."""
+        self._closed = True
+
+    def call(self, agent: str, tool: str, args: Any) -> ToolResult:
+        """Run one tool call; every failure becomes a closed-code error value."""
+        operation = tool.removeprefix("schedule_")
+        if self._closed:
+            return error_result(ToolError("internal_error", CLOSED_MESSAGE))
+        try:
+            if tool == "schedule_create":
+                return self._create(agent, args)
+            if tool == "schedule_list":
+                return self._list(agent, args)
+            if tool == "schedule_delete":
+                return self._delete(agent, args)
+            return error_result(ToolError("invalid_selector", f"Unknown tool {tool!r}."))
+        except ToolError as err:
+            return error_result(err)
+        except _Uncertain as unc:
+            extra: dict[str, Any] = {"operation": operation}
+            if unc.schedule_id is not None:
+                extra["id"] = unc.schedule_id
+            return error_result(ToolError("persistence_uncertain", **extra))
+        except ScheduleLogError as exc:
+            log.error("corrupt schedule log for %s: %s", agent, exc)
+            return error_result(ToolError("corrupt_schedule_log"))
+        except (LockUnavailable, redis.RedisError):
+            log.warning("coordination unavailable for %s", agent, exc_info=True)
+            return error_result(ToolError("internal_error"))
+        except Exception:
+            log.exception("unexpected failure in %s for %s", tool, agent)
+            return error_result(ToolError("internal_error"))
+
+    # -- transactions ---------------------------------------------------------------
+
+    def _create(self, agent: str, args: Any) -> ToolResult:
+        request = parse_create_args(args)
+        with self._locked(agent), self._owner(agent) as owner:
+            for _ in range(FENCE_RETRIES):
+                session, state = self._preflight(agent, owner)
+                now = self._clock()
+
+                def zone(session: Session = session) -> str:
+                    return implicit_zone(derive_zone_context(session))
+
+                change = build_create(request, state, now, zone)
+                try:
+                    state = self._append(agent, session, state, change, now)
+                except FenceConflict:
+                    continue
+                self._barrier(agent, change.schedule.id)
+                owner.confirmed(state)
+                return ok_result(schedule_view(change.schedule, state, now))
+        raise RuntimeError("fence conflicts persisted")
+
+    def _list(self, agent: str, args: Any) -> ToolResult:
+        parse_list_args(args)
+        with self._locked(agent), self._owner(agent) as owner:
+            _session, state = self._preflight(agent, owner)
+            return ok_result(list_value(state, self._clock()))
+
+    def _delete(self, agent: str, args: Any) -> ToolResult:
+        schedule_id = parse_delete_args(args)
+        with self._locked(agent), self._owner(agent) as owner:
+            for _ in range(FENCE_RETRIES):
+                session, state = self._preflight(agent, owner)
+                now = self._clock()
+                if state.find(schedule_id) is None:
+                    return ok_result(delete_value(schedule_id, deleted=False))
+                try:
+                    state = self._append(agent, session, state, DeleteChange(id=schedule_id), now)
+                except FenceConflict:
+                    continue
+                self._barrier(agent, schedule_id)
+                owner.confirmed(state)
+                return ok_result(delete_value(schedule_id, deleted=True))
+        raise RuntimeError("fence conflicts persisted")
+
+    # -- steps ----------------------------------------------------------------------
+
+    def _locked(self, agent: str) -> AbstractContextManager[None]:
+        return self._coord.locks.hold(agent, wait_s=self._coord.settings.tool_lock_wait_s)
+
+    @contextmanager
+    def _owner(self, agent: str) -> Iterator[_Recompute]:
+        """Ask the owner to recompute once, as the transaction ends, from the latest
+        confirmed fold (the preflight's, or the mutation's once its barrier passed)."""
+        owner = _Recompute()
+        try:
+            yield owner
+        finally:
+            if owner.state is not None:
+                try:
+                    self._coord.rearm(agent, owner.state, self._clock())
+                except redis.RedisError:
+                    # The answer stands (the log has it); the reconcile pass re-arms.
+                    log.warning("re-arm for %s failed", agent, exc_info=True)
+
+    def _preflight(self, agent: str, owner: _Recompute) -> tuple[Session, FoldState]:
+        """Flush, then fold the confirmed log; a successful preflight asks for a recompute."""
+        try:
+            self._store.flush(agent)
+            session, state = self._store.load(agent)
+        except PersistenceError as exc:
+            log.warning("preflight failed for %s: %s", agent, exc.reason)
+            raise _Uncertain() from None
+        owner.confirmed(state)
+        return session, state
+
+    def _append(
+        self,
+        agent: str,
+        session: Session,
+        state: FoldState,
+        change: CreateChange | DeleteChange,
+        now: int,
+    ) -> FoldState:
+        event = NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(change))
+        try:
+            appended = self._store.append(agent, [event], expected_seq=len(session.events))
+        except PersistenceError as exc:
+            log.warning("append failed for %s: %s", agent, exc.reason)
+            raise _Uncertain() from None
+        return fold_events(state, appended)
+
+    def _barrier(self, agent: str, schedule_id: str) -> None:
+        try:
+            self._store.flush(agent)
+        except PersistenceError as exc:
+            log.warning("barrier failed for %s: %s", agent, exc.reason)
+            raise _Uncertain(schedule_id) from None
+

@@ -1,0 +1,1 @@
+"""The load test and benchmark: ``dsh-schedule loadtest`` (see docs/benchmarks.md)."""

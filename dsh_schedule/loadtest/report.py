@@ -1,0 +1,235 @@
+"""The load test's result: every figure with its bare-library counterpart, the targets, and
+the summary table printed at the end.
+
+Ratios are cost ratios: our cost divided by what the bare libraries alone cost (for rates,
+the bare rate divided by ours), so ``> 1`` means costlier than the libraries alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from dsh_schedule.loadtest.stats import Latency, Machine, rate_ratio
+
+
+class CreateFigure(msgspec.Struct, frozen=True, kw_only=True):
+    hosts: int
+    agents: int
+    threads: int
+    count: int
+    errors: int
+    seconds: float
+    per_s: float | None
+    latency: Latency
+    bare_per_s: float | None
+    bare_latency: Latency
+    ratio_per_s: float | None
+    ratio_p50: float | None
+    ratio_p99: float | None
+
+
+class SessionSize(msgspec.Struct, frozen=True, kw_only=True):
+    """Creates on one session pre-filled with ``events`` events (``file_bytes`` on disk)."""
+
+    events: int
+    file_bytes: int
+    first_call_ms: float | None
+    per_s: float | None
+    latency: Latency
+    bare_per_s: float | None
+    bare_latency: Latency
+
+
+class LongSessionFigure(msgspec.Struct, frozen=True, kw_only=True):
+    calls: int
+    errors: int
+    sizes: list[SessionSize]
+    ratio: float | None
+    ratio_p50: float | None
+    ratio_p99: float | None
+    bare_ratio: float | None
+
+
+class DueFigure(msgspec.Struct, frozen=True, kw_only=True):
+    """Due transactions (one dispatch each) on one worker, and on ``workers`` of them."""
+
+    workers: int
+    count: int
+    dispatched: int
+    move_seconds: float
+    seconds: float
+    per_worker_per_s: float | None
+    bare_per_worker_per_s: float | None
+    ratio: float | None
+    all_workers_per_s: float | None
+    bare_all_workers_per_s: float | None
+
+
+class LatenessFigure(msgspec.Struct, frozen=True, kw_only=True):
+    hosts: int
+    reminders: int
+    delivered: int
+    missing: int
+    window_s: float
+    mover_interval_s: float
+    followup: Latency
+    session: Latency
+    bare: Latency
+    ratio_p99: float | None
+
+
+class RebuildFigure(msgspec.Struct, frozen=True, kw_only=True):
+    agents: int
+    records_per_agent: int
+    db: int | None
+    lease_restore_seconds: float
+    enqueue_seconds: float
+    seconds: float | None
+    armed: int
+    cold_seconds: float | None
+    bare_seconds: float | None
+    ratio: float | None
+
+
+class MemoryFigure(msgspec.Struct, frozen=True, kw_only=True):
+    agents: int
+    bytes_per_agent: float | None
+    by_key: dict[str, float]
+    used_memory_delta_per_agent: float | None
+    bare_bytes_per_job: float | None
+    ratio: float | None
+    note: str | None
+
+
+class Figures(msgspec.Struct, kw_only=True):
+    create: CreateFigure | None = None
+    long_session: LongSessionFigure | None = None
+    due: DueFigure | None = None
+    lateness: LatenessFigure | None = None
+    rebuild: RebuildFigure | None = None
+    memory: MemoryFigure | None = None
+
+
+class Target(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    target: str
+    measured: float | None
+    met: bool | None
+
+
+class Result(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    mode: str
+    started_at: str
+    seconds: float
+    command: list[str]
+    machine: Machine
+    plan: dict[str, Any]
+    figures: Figures
+    targets: list[Target]
+    notes: list[str]
+
+
+def _at_most(limit: float) -> Callable[[float], bool]:
+    return lambda v: v <= limit
+
+
+def _at_least(limit: float) -> Callable[[float], bool]:
+    return lambda v: v >= limit
+
+
+REBUILD_AGENTS, REBUILD_RECORDS = 10_000, 10
+
+
+def targets(f: Figures, *, real_redis: bool) -> list[Target]:
+    """The figures the issue asks for, each against its target (measured, never asserted).
+
+    The targets are for a run with real Redis (and the rebuild's for 10 000 agents x 10
+    reminders at least): anywhere else ``met`` is None, neither met nor missed.
+    """
+    c, late, r, d, m, s = f.create, f.lateness, f.rebuild, f.due, f.memory, f.long_session
+    rows: list[tuple[str, str, float | None, Callable[[float], bool | None]]] = [
+        ("creates/s per host process", ">= 500", c.per_s if c else None, _at_least(500)),
+        ("create cost vs bare", "<= 3x", c.ratio_per_s if c else None, _at_most(3)),
+        ("lateness due->followup p99 ms", "<= 500",
+         late.followup.p99_ms if late else None, _at_most(500)),
+        ("rebuild seconds (10 000 agents x 10)", "<= 5", r.seconds if r else None,
+         _at_most(5) if r and r.agents >= REBUILD_AGENTS
+         and r.records_per_agent >= REBUILD_RECORDS else _unjudged),
+        ("due transactions/s per worker", ">= 300", d.per_worker_per_s if d else None,
+         _at_least(300)),
+        ("Redis bytes per live agent", "<= 2048", m.bytes_per_agent if m else None,
+         _at_most(2048)),
+        ("longest session cost vs fresh", "<= 1.5x", s.ratio if s else None, _at_most(1.5)),
+    ]
+    return [
+        Target(name=name, target=goal, measured=value,
+               met=None if value is None or not real_redis else ok(value))
+        for name, goal, value, ok in rows
+    ]
+
+
+def _unjudged(value: float) -> bool | None:
+    return None
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+    return text + unit
+
+
+def _lat(lat: Latency) -> str:
+    return f"p50 {_fmt(lat.p50_ms)} / p99 {_fmt(lat.p99_ms)} / max {_fmt(lat.max_ms)} ms"
+
+
+def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
+    """(figure, ours, bare libraries, cost ratio) rows of the summary table."""
+    rows: list[tuple[str, str, str, str]] = []
+    if (c := f.create) is not None:
+        rows.append(("creates/s", _fmt(c.per_s), _fmt(c.bare_per_s), _fmt(c.ratio_per_s, "x")))
+        rows.append(("create latency", _lat(c.latency), _lat(c.bare_latency),
+                     _fmt(c.ratio_p99, "x p99")))
+    if (s := f.long_session) is not None:
+        for size in s.sizes:
+            rows.append((f"create on {size.events:,}-event session",
+                         f"{_fmt(size.per_s)}/s, {_lat(size.latency)}",
+                         f"{_fmt(size.bare_per_s)}/s", ""))
+        rows.append(("longest vs fresh session", _fmt(s.ratio, "x"), _fmt(s.bare_ratio, "x"), ""))
+    if (d := f.due) is not None:
+        rows.append(("due tx/s, one worker", _fmt(d.per_worker_per_s),
+                     _fmt(d.bare_per_worker_per_s), _fmt(d.ratio, "x")))
+        if d.workers > 1:
+            rows.append((f"due tx/s, {d.workers} workers", _fmt(d.all_workers_per_s),
+                         _fmt(d.bare_all_workers_per_s),
+                         _fmt(rate_ratio(d.all_workers_per_s, d.bare_all_workers_per_s), "x")))
+    if (late := f.lateness) is not None:
+        rows.append(("lateness due->followup", _lat(late.followup), _lat(late.bare),
+                     _fmt(late.ratio_p99, "x p99")))
+        rows.append(("lateness due->session", _lat(late.session), "", ""))
+    if (r := f.rebuild) is not None:
+        rows.append((f"rebuild {r.agents:,} x {r.records_per_agent} (s)", _fmt(r.seconds),
+                     _fmt(r.bare_seconds), _fmt(r.ratio, "x")))
+    if (m := f.memory) is not None:
+        rows.append(("Redis bytes per live agent", _fmt(m.bytes_per_agent) if m.note is None
+                     else m.note, _fmt(m.bare_bytes_per_job), _fmt(m.ratio, "x")))
+    return rows
+
+
+def render_table(result: Result) -> str:
+    header = ("figure", "ours", "bare libraries", "cost ratio")
+    rows = [header, *summary_rows(result.figures)]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    for t in result.targets:
+        verdict = "n/a" if t.met is None else ("met" if t.met else "MISSED")
+        lines.append(f"target {t.name} {t.target}: {_fmt(t.measured)} {verdict}")
+    lines.extend(f"note: {n}" for n in result.notes)
+    return "\n".join(lines)

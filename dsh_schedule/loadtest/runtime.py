@@ -1,0 +1,356 @@
+"""Where the load test runs the system: embedded in this process, or real processes.
+
+``EmbeddedRuntime`` steps the whole system in this process on the embedded Redis (the
+mover, one ``SimpleWorker``, the hosts). ``RedisRuntime`` runs real ``dsh-schedule worker``
+and ``scheduler`` subprocesses against a real Redis under a prefix and queue of its own,
+with the hosts in this process; it deletes only what it wrote (its prefixed keys, the rq
+keys of its queue and its jobs), except in a database it verified empty and owns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Final, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from rq import Queue
+
+from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.host.reference import ReferenceHost
+from dsh_schedule.loadtest.baseline import NOOP, scheduler_for
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
+
+POLL_S: Final = 0.01
+HOST_POLL_S: Final = 0.05
+# However far the run's deadline is, a wait may still take this long (cleanup included).
+GRACE_S: Final = 10.0
+
+
+class LoadtestError(RuntimeError):
+    """The load test cannot go on (a process died, Redis is not one it may use)."""
+
+
+class Runtime(Protocol):
+    mode: str
+    client: redis.Redis
+    settings: Settings
+    store: JsonlStore
+    workers: int
+    deadline: float
+    """``time.monotonic()`` after which every wait gives up (the run's time bound)."""
+
+    def pool(self, workers: int) -> AbstractContextManager[str]:
+        """For the block, ``workers`` workers serving a queue; yields the queue's name."""
+        ...
+
+    def move_due(self) -> int:
+        """One mover pass now; returns how many wakes it moved."""
+        ...
+
+    def start_mover(self) -> None:
+        """Start moving due wakes every mover interval (the ``scheduler`` loop)."""
+        ...
+
+    def stop_mover(self) -> None: ...
+
+    def run_until(self, done: Callable[[], bool], timeout_s: float, *,
+                  hosts: Sequence[ReferenceHost] = (),
+                  status: Callable[[], None] | None = None) -> bool:
+        """Let the system run (workers, the mover when started, ``hosts``) until
+        ``done()``; False at timeout or past ``deadline``. ``status`` is called now and
+        then for progress."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def queue_idle(client: redis.Redis, queue: Queue) -> bool:
+    """Nothing waits in the queue, sits between dequeue and start, or runs."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.llen(queue.key)
+        pipe.llen(queue.intermediate_queue_key)
+        pipe.zcard(queue.started_job_registry.key)
+        return not any(pipe.execute())
+
+
+class EmbeddedRuntime:
+    """The whole system in this process on the embedded Redis, stepped by one loop."""
+
+    mode = "embedded"
+
+    def __init__(self, sessions: Path, settings: Settings) -> None:
+        self.settings = settings
+        self.store = JsonlStore(sessions)
+        self.system = EmbeddedSystem(self.store, settings, clock=_wall_ms, sleep=time.sleep)
+        self.client = self.system.client
+        self.workers = 1
+        self.deadline = math.inf
+        self._mover = False
+
+    @contextmanager
+    def pool(self, workers: int) -> Iterator[str]:
+        yield self.settings.queue  # one in-process worker, whatever was asked
+
+    def move_due(self) -> int:
+        return self.system.coordination.wakes.move_due()
+
+    def start_mover(self) -> None:
+        self._mover = True
+
+    def stop_mover(self) -> None:
+        self._mover = False
+
+    def run_until(self, done: Callable[[], bool], timeout_s: float, *,
+                  hosts: Sequence[ReferenceHost] = (),
+                  status: Callable[[], None] | None = None) -> bool:
+        deadline = _until(timeout_s, self.deadline)
+        next_move = next_renew = 0.0
+        mover = self._mover
+        while not done():
+            now = time.monotonic()
+            if now > deadline:
+                return False
+            if mover and now >= next_move:
+                self.move_due()
+                next_move = now + self.settings.mover_interval_s
+            if self.system.queue.count:
+                self.system.worker.work(burst=True, logging_level="WARNING")
+            renew = now >= next_renew  # as ReferenceHost.run does
+            for host in hosts:
+                if renew:
+                    host.plugin.renew_leases()
+                    next_renew = now + self.settings.lease_renew_s
+                for agent in list(host.agents):
+                    host.pump(agent)
+            if status is not None:
+                status()
+            if mover or hosts:
+                time.sleep(HOST_POLL_S)
+        return True
+
+    def close(self) -> None:
+        self.client.flushall()
+
+
+class RedisRuntime:
+    """Real worker (and, when asked, scheduler) processes on a real Redis."""
+
+    mode = "redis"
+
+    def __init__(self, url: str, sessions: Path, *, prefix: str, queue: str, workers: int,
+                 logs: Path, tags: tuple[str, ...], owns_db: bool = False) -> None:
+        self.settings = Settings.from_env({}, redis_url=url, sessions=sessions,
+                                          prefix=prefix, queue=queue)
+        self.store = JsonlStore(sessions)
+        self.client = redis.Redis.from_url(url)
+        self.workers = workers
+        self.deadline = math.inf
+        self._logs = logs
+        self._tags = tags
+        self._owns_db = owns_db
+        self._env = _child_env(url, sessions, prefix, queue)
+        self._workers: list[subprocess.Popen[bytes]] = []
+        self._pools: list[subprocess.Popen[bytes]] = []
+        self._queues = [queue]
+        self._scheduler: subprocess.Popen[bytes] | None = None
+        self._spawned = 0
+        self._closed = False
+        if owns_db and self.client.dbsize():
+            raise LoadtestError(
+                f"Redis database {self.client.connection_pool.connection_kwargs.get('db')} "
+                "is not empty; the rebuild figure flushes a database of its own "
+                "(choose another with --rebuild-db)")
+
+    # -- processes ------------------------------------------------------------------
+
+    def start_workers(self) -> None:
+        for _ in range(self.workers):
+            self._workers.append(self._spawn("worker", self.settings.queue))
+        self._await_workers(self.settings.queue, self.workers)
+
+    def _await_workers(self, queue: str, count: int, timeout_s: float = 60.0) -> None:
+        registered = f"rq:workers:{queue}"
+        if not self._wait(lambda: int(self.client.scard(registered)) >= count, timeout_s):
+            raise LoadtestError("the worker processes did not start; see " + str(self._logs))
+
+    def _stop_workers(self, queue: str, procs: list[subprocess.Popen[bytes]]) -> None:
+        """Stop worker processes and delete the registrations rq leaves to expire."""
+        keys = [k.decode() if isinstance(k, bytes) else k
+                for k in self.client.smembers(f"rq:workers:{queue}")]
+        for proc in procs:
+            _stop(proc)
+            if proc in self._pools:
+                self._pools.remove(proc)
+        if keys:
+            self.client.delete(*keys)
+
+    def start_mover(self, timeout_s: float = 60.0) -> None:
+        """Start the ``scheduler`` process; returns once it moved a probe job."""
+        if self._scheduler is not None and self._scheduler.poll() is None:
+            return
+        self._scheduler = self._spawn("scheduler", self.settings.queue)
+        probe = f"{self._tags[0]}-probe-{time.monotonic_ns()}"
+        scheduler = scheduler_for(self.settings.prefix, self.client)
+        scheduler.enqueue_at(datetime.now(UTC) - timedelta(seconds=2), NOOP, job_id=probe,
+                             job_result_ttl=0, queue_name=self.settings.queue)
+        key = scheduler.scheduled_jobs_key
+        if not self._wait(lambda: self.client.zscore(key, probe) is None, timeout_s):
+            raise LoadtestError("the scheduler process did not start; see " + str(self._logs))
+
+    def stop_mover(self) -> None:
+        self.stop_scheduler()
+
+    def stop_scheduler(self) -> None:
+        if self._scheduler is not None:
+            _stop(self._scheduler)
+            self._scheduler = None
+
+    def _spawn(self, command: str, queue: str) -> subprocess.Popen[bytes]:
+        self._logs.mkdir(parents=True, exist_ok=True)
+        self._spawned += 1
+        with (self._logs / f"{command}-{self._spawned}.log").open("ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "dsh_schedule", command],
+                                    env={**self._env, "DSH_SCHEDULE_QUEUE": queue},
+                                    stdout=log, stderr=subprocess.STDOUT)
+
+    def _check_processes(self) -> None:
+        running = [*self._workers, *self._pools, *([self._scheduler] if self._scheduler else [])]
+        for proc in running:
+            if proc.poll() is not None:
+                raise LoadtestError(f"a child process exited ({proc.returncode}); "
+                                    f"see {self._logs}")
+
+    # -- running --------------------------------------------------------------------
+
+    @contextmanager
+    def pool(self, workers: int) -> Iterator[str]:
+        if workers == self.workers:
+            yield self.settings.queue
+            return
+        queue = f"{self.settings.queue}-w{workers}"
+        self._queues.append(queue)
+        procs = [self._spawn("worker", queue) for _ in range(workers)]
+        self._pools.extend(procs)
+        try:
+            self._await_workers(queue, workers)
+            yield queue
+        finally:
+            self._stop_workers(queue, procs)
+
+    def move_due(self) -> int:
+        from dsh_schedule.shared.coordination.agents import Coordination
+
+        return Coordination(self.client, self.settings).wakes.move_due()
+
+    def run_until(self, done: Callable[[], bool], timeout_s: float, *,
+                  hosts: Sequence[ReferenceHost] = (),
+                  status: Callable[[], None] | None = None) -> bool:
+        stop = threading.Event()
+        threads = [threading.Thread(target=host.run, args=(stop,),
+                                    kwargs={"poll_s": HOST_POLL_S}, daemon=True)
+                   for host in hosts]
+        for thread in threads:
+            thread.start()
+        try:
+            return self._wait(done, timeout_s, status)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float,
+              status: Callable[[], None] | None = None) -> bool:
+        deadline = _until(timeout_s, self.deadline)
+        while not done():
+            self._check_processes()
+            if time.monotonic() > deadline:
+                return False
+            if status is not None:
+                status()
+            time.sleep(POLL_S)
+        return True
+
+    # -- cleaning up ----------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.stop_mover()
+        self._stop_workers(self.settings.queue, self._workers)
+        self._workers.clear()
+        if self._owns_db:
+            self.client.flushdb()
+        else:
+            self.delete_own_keys()
+        self.client.close()
+
+    def delete_own_keys(self) -> int:
+        """Delete every key this run wrote: its prefix, its queue's rq keys, its jobs."""
+        queues = [Queue(name, connection=self.client) for name in self._queues]
+        failed = [i for queue in queues for i in queue.failed_job_registry.get_job_ids()]
+        keys: set[bytes] = set()
+        for tag in (self.settings.prefix, self.settings.queue, *self._tags):
+            keys.update(self.client.scan_iter(match=f"*{_glob_escape(tag)}*", count=1000))
+        for job_id in failed:
+            keys.update(k.encode() for k in (f"rq:job:{job_id}", f"rq:executions:{job_id}",
+                                             f"rq:results:{job_id}"))
+        for batch in _batches(sorted(keys), 500):
+            self.client.delete(*batch)
+        self.client.srem("rq:queues", *(queue.key for queue in queues))
+        return len(keys)
+
+
+def _until(timeout_s: float, deadline: float) -> float:
+    now = time.monotonic()
+    return min(now + timeout_s, max(deadline, now + GRACE_S))
+
+
+def _child_env(url: str, sessions: Path, prefix: str, queue: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
+    env.update(DSH_SCHEDULE_REDIS_URL=url, DSH_SCHEDULE_SESSIONS=str(sessions),
+               DSH_SCHEDULE_PREFIX=prefix, DSH_SCHEDULE_QUEUE=queue)
+    return env
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def with_db(url: str, db: int) -> str:
+    """``url`` pointing at database ``db`` of the same server."""
+    parts = urlsplit(url)
+    query = [q for q in parts.query.split("&") if q and not q.startswith("db=")]
+    if parts.scheme == "unix":  # the path is the socket's; the database goes in the query
+        return f"unix://{parts.netloc}{parts.path}?" + "&".join([*query, f"db={db}"])
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", "&".join(query), ""))
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def _batches(items: list[bytes], size: int) -> list[list[bytes]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000

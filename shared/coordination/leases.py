@@ -1,0 +1,86 @@
+"""Live-agent leases (DESIGN §6.4): which agents are live, and on which rq queue.
+
+A lease is an entry in one ZSET (agent -> expiry, epoch ms) plus the agent's queue in one
+HASH. Granting or renewing re-creates whatever Redis lost; a new lease reports itself so
+that the caller enqueues an immediate wake. (The followup consumer group is re-created
+by its reader, the moment the stream holds entries: see ``Followups.read``.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from dsh_schedule.shared.coordination.keys import Keys
+
+# KEYS[1] live zset, KEYS[2] lease-queue hash; ARGV[1] agent, ARGV[2] expiry ms,
+# ARGV[3] now ms, ARGV[4] queue. Returns 1 when the agent had no valid lease before.
+_GRANT = """
+local old = redis.call('ZSCORE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+if (not old) or tonumber(old) < tonumber(ARGV[3]) then
+  return 1
+end
+return 0
+"""
+
+
+class Leases:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+        self._grant = client.register_script(_GRANT)
+
+    def grant(self, agent: str, queue: str, *, now_ms: int, ttl_s: float) -> bool:
+        """Create or renew the lease; True when it is new (the caller enqueues a wake)."""
+        expiry = now_ms + int(ttl_s * 1000)
+        new = self._grant(
+            keys=[self._keys.live(), self._keys.lease_queue()],
+            args=[agent, expiry, now_ms, queue],
+        )
+        return bool(new)
+
+    def is_live(self, agent: str, *, now_ms: int) -> bool:
+        score = self._client.zscore(self._keys.live(), agent)
+        return score is not None and score >= now_ms
+
+    def live_among(self, agents: Sequence[str], *, now_ms: int) -> list[str]:
+        """The agents of ``agents`` that hold a valid lease, in one round trip."""
+        if not agents:
+            return []
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.zscore(self._keys.live(), agent)
+            scores = pipe.execute()
+        return [a for a, score in zip(agents, scores, strict=True)
+                if score is not None and score >= now_ms]
+
+    def queue_of(self, agent: str) -> str | None:
+        value = self._client.hget(self._keys.lease_queue(), agent)
+        return value.decode() if isinstance(value, bytes) else None
+
+    def queues_of(self, agents: list[str]) -> list[str | None]:
+        """``queue_of`` for many agents in one round trip."""
+        if not agents:
+            return []
+        values: list[Any] = self._client.hmget(self._keys.lease_queue(), agents)
+        return [v.decode() if isinstance(v, bytes) else None for v in values]
+
+    def live_agents(self, *, now_ms: int) -> list[str]:
+        members: list[Any] = self._client.zrangebyscore(self._keys.live(), now_ms, "+inf")
+        return [m.decode() for m in members]
+
+    def expired_agents(self, *, now_ms: int) -> list[str]:
+        members: list[Any] = self._client.zrangebyscore(
+            self._keys.live(), "-inf", f"({now_ms}"
+        )
+        return [m.decode() for m in members]
+
+    def drop(self, agent: str) -> None:
+        with self._client.pipeline() as pipe:
+            pipe.zrem(self._keys.live(), agent)
+            pipe.hdel(self._keys.lease_queue(), agent)
+            pipe.execute()

@@ -1,0 +1,59 @@
+"""The per-agent lock that serializes management and due transactions (DESIGN §5, §6.3).
+
+It is a redis-py ``Lock`` with a TTL and a bounded wait. Correctness never rests on it
+alone: every append is fenced by the expected log length (DESIGN §3.1), so a holder whose
+lock expired while it was paused cannot slip a stale decision into the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+from redis.exceptions import LockError
+
+from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.core.errors import ScheduleError
+
+
+class LockUnavailable(ScheduleError):
+    """The per-agent lock could not be had within its wait bound."""
+
+    def __init__(self, agent: str) -> None:
+        super().__init__("per-agent lock not acquired in time")
+        self.agent = agent
+
+
+class AgentLocks:
+    """Acquires per-agent locks on one Redis connection."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, *, ttl_s: float) -> None:
+        self._client = client
+        self._keys = keys
+        self._ttl_s = ttl_s
+
+    @contextmanager
+    def hold(self, agent: str, *, wait_s: float) -> Iterator[None]:
+        """Hold the agent's lock for the block; LockUnavailable after ``wait_s``.
+
+        A release that finds the lock already expired or taken over is not an error:
+        the fenced append has already protected the log.
+        """
+        lock = self._client.lock(
+            self._keys.lock(agent),
+            timeout=self._ttl_s,
+            blocking=True,
+            blocking_timeout=wait_s,
+            sleep=0.01,
+            thread_local=False,
+        )
+        if not lock.acquire():
+            raise LockUnavailable(agent)
+        try:
+            yield
+        finally:
+            try:
+                lock.release()
+            except LockError:
+                pass

@@ -1,0 +1,95 @@
+"""Agent phase: who owns the agent right now, a turn or maintenance (DESIGN §6.4, §6.3 step 6).
+
+One key per agent holds ``<kind>:<token>`` with a TTL. Claims and releases are Lua scripts
+so that a claim and the registration of an idle waiter are one atomic step.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import redis
+
+from dsh_schedule.shared.coordination.keys import Keys
+
+# KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms,
+# ARGV[3] "1" to register an idle waiter when the phase is taken.
+# Returns 1 claimed, 0 taken (waiter registered when asked).
+_CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+if ARGV[3] == '1' then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+end
+return 0
+"""
+
+# KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>".
+# Returns 0 not the owner, 1 released, 2 released and a waiter was waiting (now cleared).
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+if redis.call('DEL', KEYS[2]) == 1 then
+  return 2
+end
+return 1
+"""
+
+# KEYS[1] phase key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms. Returns 1 renewed, 0 lost.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+class Release(Enum):
+    NOT_OWNER = 0
+    RELEASED = 1
+    WAITER_WOKEN = 2
+
+
+class AgentPhase:
+    """Claims and releases of the per-agent phase key."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+        self._claim = client.register_script(_CLAIM)
+        self._release = client.register_script(_RELEASE)
+        self._renew = client.register_script(_RENEW)
+
+    def _args(self, agent: str) -> list[str]:
+        return [self._keys.phase(agent), self._keys.idle_waiter(agent)]
+
+    def claim_maintenance(self, agent: str, token: str, ttl_s: float) -> bool:
+        """Claim the idle phase for maintenance, or register an idle waiter and say False."""
+        owner = f"maintenance:{token}"
+        return bool(self._claim(keys=self._args(agent), args=[owner, int(ttl_s * 1000), "1"]))
+
+    def claim_turn(self, agent: str, token: str, ttl_s: float) -> bool:
+        """Claim the phase for a turn; False while maintenance or another turn holds it."""
+        owner = f"turn:{token}"
+        return bool(self._claim(keys=self._args(agent), args=[owner, int(ttl_s * 1000), "0"]))
+
+    def release(self, agent: str, kind: str, token: str) -> Release:
+        result = self._release(keys=self._args(agent), args=[f"{kind}:{token}"])
+        return Release(int(result))
+
+    def renew(self, agent: str, kind: str, token: str, ttl_s: float) -> bool:
+        owner = f"{kind}:{token}"
+        return bool(
+            self._renew(keys=[self._keys.phase(agent)], args=[owner, int(ttl_s * 1000)])
+        )
+
+    def holder(self, agent: str) -> str | None:
+        value = self._client.get(self._keys.phase(agent))
+        return value.decode() if isinstance(value, bytes) else None
+
+    def forget(self, agent: str) -> None:
+        self._client.delete(*self._args(agent))

@@ -1,0 +1,381 @@
+"""The management tool definitions, defined once (DESIGN §5, seed "Management tools").
+
+Names, model-facing descriptions, argument schemas and output schemas live here and
+nowhere else. ``docs/tool-catalog.md`` is generated from them
+(``python -m dsh_schedule.shared.core.catalog > docs/tool-catalog.md``),
+``dsh-schedule catalog`` prints
+``catalog_json()``, and the two exporters give the OpenAI and Anthropic tool formats.
+Schemas are JSON Schema draft 2020-12; argument schemas avoid a top-level
+``oneOf``/``anyOf``/``allOf`` so every tool format accepts them, and stay advisory: the
+request parser remains the authority on every code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Final
+
+import msgspec
+
+from dsh_schedule.shared.core.errors import ERROR_CODES
+from dsh_schedule.shared.core.instant import MAX_SAFE_INTEGER
+from dsh_schedule.shared.core.records import MAX_EVERY_SECONDS, MIN_EVERY_SECONDS
+from dsh_schedule.shared.core.views import DELIVERY_MODE, NOT_FOUND_CODE
+
+TOOL_NAMES: Final = ("schedule_create", "schedule_list", "schedule_delete")
+OPERATIONS: Final = ("create", "list", "delete")
+CATALOG_PATH: Final = "docs/tool-catalog.md"
+REGENERATE_COMMAND: Final = f"python -m dsh_schedule.shared.core.catalog > {CATALOG_PATH}"
+
+AT_STRING_PATTERN: Final = (
+    r"^(?!0000)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,3})?"
+    r"(Z|(?!-00:00)[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+)
+DATE_PATTERN: Final = r"^(?!0000)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
+TIME_PATTERN: Final = r"^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,3})?$"
+INSTANT_PATTERN: Final = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z$"
+
+CREATE_DESCRIPTION: Final = (
+    "Create a durable reminder in this session. Give prompt (the reminder text, shown back "
+    "to you when it is due) and exactly one of: after_seconds (one reminder that many "
+    "seconds from now), at (one reminder at an absolute time that must be strictly in the "
+    "future), or every_seconds (a fixed-rate reminder repeating every that many seconds; "
+    "at least 300). at is either a string with an explicit UTC offset, such as "
+    '"2026-12-01T16:00:00Z" or "2026-12-01T17:00:00+01:00", or a local time '
+    '{"date": "YYYY-MM-DD", "time": "HH:mm:ss", "time_zone": "Area/Location"}. Leave out '
+    "time_zone only when the user's time zone is confirmed for this turn; otherwise the "
+    "call answers timezone_confirmation_required, and you should ask the user for their "
+    "time zone and pass it. Delivery is session-local: a due reminder arrives in this "
+    "session as a user-role message while the session is live; a session that is closed "
+    "then receives it after it resumes. Recurring reminders are delivered together, in "
+    "batches at least 300 seconds apart. Answers the new schedule's view, or an error "
+    "object {code, message}."
+)
+LIST_DESCRIPTION: Final = (
+    "List every active reminder of this session in creation order. Each view has state "
+    '"scheduled" or "overdue" and deliveryMode "session-local" (delivered only while this '
+    "session is live). An overdue recurring reminder waiting for the 300-second gap "
+    "between recurring batches also shows deliveryNotBefore. Delivered one-shot reminders "
+    "and deleted reminders are no longer listed."
+)
+DELETE_DESCRIPTION: Final = (
+    'Delete an active reminder of this session by its id, such as "schedule-1". Answers '
+    '{"id", "deleted": true}, or {"id", "deleted": false, "code": "schedule_not_found"} '
+    "when no active reminder has that id (a delivered one-shot or an already deleted "
+    "reminder is no longer active). Deleting a recurring reminder stops all its future "
+    "deliveries."
+)
+
+ERROR_WHEN: Final[dict[str, str]] = {
+    "invalid_prompt": "prompt is missing, not a string, empty after trimming, or not storable",
+    "invalid_selector": "not exactly one of after_seconds, at, every_seconds, or an unknown key",
+    "invalid_rule": (
+        "after_seconds is not a positive safe integer, every_seconds is not a safe integer, "
+        "at is malformed, names an impossible date or a local time in a daylight-saving gap, "
+        "or a delete id is empty, not a string or padded with whitespace"
+    ),
+    "invalid_time_zone": "time_zone is not UTC or a known IANA Area/Location name",
+    "timezone_confirmation_required": (
+        "a local at omits time_zone and the session's time zone is not confirmed by this "
+        "turn; carries sessionTimeZone and clientTimeZones"
+    ),
+    "not_future": "the resolved at instant is not strictly after now",
+    "time_out_of_range": "the target lies outside years 0001-9999",
+    "frequency_too_high": "every_seconds is below 300",
+    "corrupt_schedule_log": "the session's schedule history breaks the replay rules",
+    "persistence_uncertain": (
+        "the session could not be confirmed durable before or after the change; carries "
+        "operation and, when known, id"
+    ),
+    "internal_error": (
+        "the lock could not be had in time, the coordination store failed, or anything "
+        "unexpected happened; nothing half-done is left"
+    ),
+}
+
+
+class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
+    """One management tool: its name, model-facing description and both schemas."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+
+
+def _string(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", **extra, "description": description}
+
+
+def _object(properties: dict[str, Any], required: list[str], **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+        **extra,
+    }
+
+
+def _at_schema() -> dict[str, Any]:
+    local = _object(
+        {
+            "date": _string("Local calendar date, YYYY-MM-DD.", pattern=DATE_PATTERN),
+            "time": _string("Local wall time, HH:mm:ss[.SSS].", pattern=TIME_PATTERN),
+            "time_zone": _string(
+                'Zone of the local time: "UTC" or an IANA Area/Location name. Omit only '
+                "when the user's time zone is confirmed for this turn."
+            ),
+        },
+        ["date", "time"],
+    )
+    offset = _string(
+        "Absolute time with an explicit offset: YYYY-MM-DDTHH:mm:ss[.SSS] then Z or +HH:MM.",
+        pattern=AT_STRING_PATTERN,
+    )
+    return {"description": "When a one-shot reminder is due.", "oneOf": [offset, local]}
+
+
+def create_input_schema() -> dict[str, Any]:
+    """``{prompt, after_seconds? | at? | every_seconds?}``: prompt and exactly one selector."""
+    properties = {
+        "prompt": _string(
+            "The reminder text, shown back to you when it is due. Surrounding whitespace is "
+            "trimmed; it must not be empty.",
+            minLength=1,
+        ),
+        "after_seconds": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_SAFE_INTEGER,
+            "description": "One-shot reminder this many seconds from now.",
+        },
+        "at": _at_schema(),
+        "every_seconds": {
+            "type": "integer",
+            "minimum": MIN_EVERY_SECONDS,
+            "maximum": MAX_EVERY_SECONDS,
+            "description": "Fixed-rate reminder every this many seconds (at least 300).",
+        },
+    }
+    # prompt plus exactly one selector, without a top-level oneOf.
+    return _object(properties, ["prompt"], minProperties=2, maxProperties=2)
+
+
+def list_input_schema() -> dict[str, Any]:
+    return _object({}, [])
+
+
+def delete_input_schema() -> dict[str, Any]:
+    schedule_id = _string(
+        'Id of the reminder to delete, such as "schedule-1", exactly as listed.', minLength=1
+    )
+    return _object({"id": schedule_id}, ["id"])
+
+
+def _view_defs() -> dict[str, Any]:
+    common = {
+        "id": _string("Session-local schedule id.", minLength=1),
+        "prompt": _string("The trimmed reminder text.", minLength=1),
+        "scheduledAt": _string("Next target, canonical UTC.", pattern=INSTANT_PATTERN),
+        "state": {"enum": ["scheduled", "overdue"]},
+        "deliveryMode": {"const": DELIVERY_MODE},
+    }
+    base = ["id", "kind", "prompt", "scheduledAt", "state", "deliveryMode"]
+    after = {"type": "integer", "minimum": 1, "maximum": MAX_SAFE_INTEGER}
+    every = {"type": "integer", "minimum": MIN_EVERY_SECONDS, "maximum": MAX_EVERY_SECONDS}
+    not_before = _string(
+        "When an overdue recurring reminder held back by the 300-second batch gap may go out.",
+        pattern=INSTANT_PATTERN,
+    )
+    return {
+        "view": {"oneOf": [{"$ref": f"#/$defs/{k}View"} for k in ("after", "at", "every")]},
+        "afterView": _object(
+            {**common, "kind": {"const": "after"}, "afterSeconds": after}, [*base, "afterSeconds"]
+        ),
+        "atView": _object({**common, "kind": {"const": "at"}}, base),
+        "everyView": _object(
+            {
+                **common,
+                "kind": {"const": "every"},
+                "everySeconds": every,
+                "deliveryNotBefore": not_before,
+            },
+            [*base, "everySeconds"],
+        ),
+    }
+
+
+def error_schema() -> dict[str, Any]:
+    """The error object: ``{code, message}`` plus the optional documented extras."""
+    return _object(
+        {
+            "code": {"enum": list(ERROR_CODES)},
+            "message": _string("Stable explanation of what to do next."),
+            "operation": {"enum": list(OPERATIONS)},
+            "id": _string("The schedule id concerned, when known."),
+            "sessionTimeZone": _string('The session\'s zone, or "unavailable".'),
+            "clientTimeZones": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+        ["code", "message"],
+    )
+
+
+def _result(description: str, one_of: list[dict[str, Any]], defs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "description": description,
+        "oneOf": one_of,
+        "$defs": {**defs, "error": error_schema()},
+    }
+
+
+def create_output_schema() -> dict[str, Any]:
+    return _result(
+        "The new schedule's view, or an error.",
+        [{"$ref": "#/$defs/view"}, {"$ref": "#/$defs/error"}],
+        _view_defs(),
+    )
+
+
+def list_output_schema() -> dict[str, Any]:
+    views = {"type": "array", "items": {"$ref": "#/$defs/view"}}
+    return _result(
+        "The views of all active schedules in creation order, or an error.",
+        [views, {"$ref": "#/$defs/error"}],
+        _view_defs(),
+    )
+
+
+def delete_output_schema() -> dict[str, Any]:
+    schedule_id = _string("The id that was asked for.")
+    deleted = _object({"id": schedule_id, "deleted": {"const": True}}, ["id", "deleted"])
+    not_found = _object(
+        {"id": schedule_id, "deleted": {"const": False}, "code": {"const": NOT_FOUND_CODE}},
+        ["id", "deleted", "code"],
+    )
+    return _result(
+        "Whether the schedule was deleted; not found is an answer, not an error.",
+        [{"$ref": "#/$defs/deleted"}, {"$ref": "#/$defs/notFound"}, {"$ref": "#/$defs/error"}],
+        {"deleted": deleted, "notFound": not_found},
+    )
+
+
+def tool_definitions() -> list[ToolDefinition]:
+    """The three management tools in catalog order (fresh, independently mutable copies)."""
+    return [
+        ToolDefinition(
+            name="schedule_create",
+            description=CREATE_DESCRIPTION,
+            input_schema=create_input_schema(),
+            output_schema=create_output_schema(),
+        ),
+        ToolDefinition(
+            name="schedule_list",
+            description=LIST_DESCRIPTION,
+            input_schema=list_input_schema(),
+            output_schema=list_output_schema(),
+        ),
+        ToolDefinition(
+            name="schedule_delete",
+            description=DELETE_DESCRIPTION,
+            input_schema=delete_input_schema(),
+            output_schema=delete_output_schema(),
+        ),
+    ]
+
+
+def catalog_json() -> list[dict[str, Any]]:
+    """What ``dsh-schedule catalog`` prints: name, description, inputSchema, outputSchema."""
+    return [
+        {
+            "name": tool.name,
+            "description": tool.description,
+            "inputSchema": tool.input_schema,
+            "outputSchema": tool.output_schema,
+        }
+        for tool in tool_definitions()
+    ]
+
+
+def openai_tools() -> list[dict[str, Any]]:
+    """The tools in the OpenAI function-calling format."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.input_schema,
+            },
+        }
+        for tool in tool_definitions()
+    ]
+
+
+def anthropic_tools() -> list[dict[str, Any]]:
+    """The tools in the Anthropic tool-use format."""
+    return [
+        {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema}
+        for tool in tool_definitions()
+    ]
+
+
+def _json_block(value: Any) -> list[str]:
+    return ["```json", json.dumps(value, ensure_ascii=False, indent=2), "```"]
+
+
+def _tool_section(tool: ToolDefinition) -> list[str]:
+    return [
+        f"## `{tool.name}`",
+        "",
+        tool.description,
+        "",
+        "### Arguments",
+        "",
+        *_json_block(tool.input_schema),
+        "",
+        "### Result",
+        "",
+        *_json_block(tool.output_schema),
+        "",
+    ]
+
+
+def _error_section() -> list[str]:
+    rows = [f"| `{code}` | {ERROR_WHEN[code]} |" for code in ERROR_CODES]
+    return [
+        "## Error codes",
+        "",
+        'An error answers `{"code", "message"}` plus the extras named below, and the tool '
+        "result is marked as an error. A delete of an unknown or ended id is not an error: it "
+        f'answers `"deleted": false` with `"code": "{NOT_FOUND_CODE}"`.',
+        "",
+        "| code | when |",
+        "| --- | --- |",
+        *rows,
+        "",
+    ]
+
+
+def render_catalog_markdown() -> str:
+    """The full text of ``docs/tool-catalog.md``."""
+    lines = [
+        "# Schedule tool catalog",
+        "",
+        f"Generated by `{REGENERATE_COMMAND}` from `shared/core/catalog.py`; do not edit this "
+        "file by hand. A test fails when it is stale.",
+        "",
+        "Schemas are JSON Schema draft 2020-12. Tool values are rendered as compact JSON with "
+        "keys in the order shown; record fields are camelCase while arguments use snake_case.",
+        "",
+    ]
+    for tool in tool_definitions():
+        lines.extend(_tool_section(tool))
+    lines.extend(_error_section())
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_catalog_markdown())

@@ -1,0 +1,64 @@
+"""What the live owner must do now, decided purely from the fold and ``now`` (DESIGN §6.3).
+
+The earliest due one-shot goes alone; otherwise every due fixed-rate record goes in one
+batch once the 300-second recurring gate is open; otherwise the owner waits until the
+next decision time.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from dsh_schedule.shared.core.fold import RECURRING_GAP_MS, FoldState
+from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.core.records import EverySchedule, Schedule
+
+
+class DispatchOne(msgspec.Struct, frozen=True, kw_only=True):
+    record: Schedule
+
+
+class DispatchBatch(msgspec.Struct, frozen=True, kw_only=True):
+    records: tuple[EverySchedule, ...]
+    accepted_ms: int
+
+
+class Wait(msgspec.Struct, frozen=True, kw_only=True):
+    """Nothing is due; ``until_ms`` is the next decision time, None when nothing is active."""
+
+    until_ms: int | None
+
+
+Decision = DispatchOne | DispatchBatch | Wait
+
+
+def gate_opens_ms(state: FoldState) -> int | None:
+    """When the next recurring batch may be accepted; None when no batch was accepted yet."""
+    if state.last_batch_ms is None:
+        return None
+    return state.last_batch_ms + RECURRING_GAP_MS
+
+
+def due_decision(state: FoldState, now_ms: int) -> Decision:
+    targets = [(parse_instant(r.scheduledAt), index, r) for index, r in enumerate(state.active)]
+    one_shots = [t for t in targets if not isinstance(t[2], EverySchedule) and t[0] <= now_ms]
+    if one_shots:
+        return DispatchOne(record=min(one_shots, key=lambda t: (t[0], t[1]))[2])
+    gate = gate_opens_ms(state)
+    gate_open = gate is None or now_ms >= gate
+    due_every = sorted(t for t in targets if isinstance(t[2], EverySchedule) and t[0] <= now_ms)
+    if due_every and gate_open:
+        batch = tuple(r for _, _, r in due_every if isinstance(r, EverySchedule))
+        return DispatchBatch(records=batch, accepted_ms=now_ms)
+    future = [t[0] for t in targets if t[0] > now_ms]
+    if due_every and gate is not None:
+        future.append(gate)
+    return Wait(until_ms=min(future) if future else None)
+
+
+def next_wake_ms(state: FoldState, now_ms: int) -> int | None:
+    """The time the owner's wake should fire: now when something is due, else the wait."""
+    decision = due_decision(state, now_ms)
+    if isinstance(decision, Wait):
+        return decision.until_ms
+    return now_ms

@@ -1,0 +1,165 @@
+"""The Host-facing receipt projection of a dispatch (DESIGN §3.4).
+
+``reminder_presentation`` pairs a ``schedule/change`` dispatch with its nearest preceding
+same-id create and replays that record up to the dispatch to name the occurrence it
+delivered. The current fork's ``seed_length`` is a hard boundary for the fork's own
+dispatches; inherited dispatches search their persisted prefix back to the start.
+Presentation never changes live ownership: it only reads the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+
+from dsh_schedule.shared.core.errors import ScheduleLogError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event
+from dsh_schedule.shared.core.fold import advance_every, occurrence_at
+from dsh_schedule.shared.core.instant import format_instant, parse_instant
+from dsh_schedule.shared.core.ledger import Ledger
+from dsh_schedule.shared.core.records import (
+    Change,
+    CreateChange,
+    DeleteChange,
+    DispatchChange,
+    EverySchedule,
+    Schedule,
+    decode_change,
+)
+
+RECEIPT_LABEL: Final = "session-local"
+
+
+class Presentation(msgspec.Struct, frozen=True, kw_only=True):
+    """What a receipt shows; its builtins dict is the receipt value (without the label)."""
+
+    scheduleId: str
+    prompt: str
+    occurrenceAt: str
+
+
+def receipt_value(presentation: Presentation) -> dict[str, Any]:
+    """The rendered receipt: the presentation's fields, then the fixed ``session-local`` label."""
+    value: dict[str, Any] = msgspec.to_builtins(presentation)
+    value["label"] = RECEIPT_LABEL
+    return value
+
+
+def reminder_presentation(
+    events: Sequence[Event], dispatch_seq: int, seed_length: int
+) -> Presentation | None:
+    """The receipt of the dispatch at ``dispatch_seq``, or None when that event is no dispatch.
+
+    Raises ScheduleLogError when ``seed_length`` is outside ``0..len(events)``, when
+    ``dispatch_seq`` is not an index of ``events`` or not that event's ``seq``, when no
+    same-id create precedes the dispatch inside its search window, and when the records
+    read (the dispatch, its create and everything between them) are malformed or do not
+    replay to an active record.
+    """
+    _check_seed_length(events, seed_length)
+    if not 0 <= dispatch_seq < len(events):
+        raise ScheduleLogError(f"no event with seq {dispatch_seq}")
+    event = events[dispatch_seq]
+    if event.seq != dispatch_seq:
+        raise ScheduleLogError(f"event at index {dispatch_seq} has seq {event.seq}")
+    if event.type != SCHEDULE_CHANGE:
+        return None
+    dispatch = _decode(event)
+    if not isinstance(dispatch, DispatchChange):
+        return None
+    floor = seed_length if dispatch_seq >= seed_length else 0
+    created, between = _find_create(events, dispatch, dispatch_seq, floor)
+    record = _replay(created, between)
+    if record is None:
+        raise ScheduleLogError(f"dispatch of inactive schedule id {dispatch.id!r}", dispatch_seq)
+    occurrence = _occurrence(record, dispatch, dispatch_seq)
+    return Presentation(
+        scheduleId=record.id, prompt=record.prompt, occurrenceAt=format_instant(occurrence)
+    )
+
+
+def own_dispatch_batches(events: Sequence[Event], seed_length: int) -> list[tuple[int, ...]]:
+    """The seqs of the fork's own dispatches, grouped as they were delivered, in log order.
+
+    A one-shot dispatch (no ``acceptedAt``) is a group of its own. Recurring dispatches
+    that follow each other in the log with the same ``acceptedAt`` form one group; events
+    of other types between them do not split it, any other ``schedule/change`` does.
+    Raises ScheduleLogError on a ``seed_length`` outside ``0..len(events)`` or a malformed
+    ``schedule/change`` in the suffix.
+    """
+    _check_seed_length(events, seed_length)
+    ledger = Ledger(seed_length).extend(events[seed_length:])
+    return [group.seqs for group in ledger.groups]
+
+
+def _check_seed_length(events: Sequence[Event], seed_length: int) -> None:
+    if not 0 <= seed_length <= len(events):
+        raise ScheduleLogError("seedLength outside the log")
+
+
+def _decode(event: Event) -> Change:
+    try:
+        return decode_change(event.data)
+    except ScheduleLogError as exc:
+        raise ScheduleLogError(exc.reason, event.seq) from None
+
+
+def _find_create(
+    events: Sequence[Event], dispatch: DispatchChange, dispatch_seq: int, floor: int
+) -> tuple[Schedule, list[tuple[int, DeleteChange | DispatchChange]]]:
+    """The record of the nearest same-id create at or after ``floor``, and the same-id
+    deletes and dispatches (with their seqs) between it and the dispatch, in log order."""
+    between: list[tuple[int, DeleteChange | DispatchChange]] = []
+    for seq in range(dispatch_seq - 1, floor - 1, -1):
+        event = events[seq]
+        if event.type != SCHEDULE_CHANGE:
+            continue
+        change = _decode(event)
+        if isinstance(change, CreateChange):
+            if change.schedule.id == dispatch.id:
+                between.reverse()
+                return change.schedule, between
+        elif change.id == dispatch.id:
+            between.append((seq, change))
+    raise ScheduleLogError(
+        f"dispatch of schedule id {dispatch.id!r} has no preceding create", dispatch_seq
+    )
+
+
+def _replay(
+    record: Schedule, changes: list[tuple[int, DeleteChange | DispatchChange]]
+) -> Schedule | None:
+    """The record as of the end of ``changes``; None once it has ended."""
+    current: Schedule | None = record
+    for seq, change in changes:
+        if current is None:
+            raise ScheduleLogError(f"{change.operation} of inactive schedule id {change.id!r}", seq)
+        if isinstance(change, DeleteChange):
+            current = None
+        elif isinstance(current, EverySchedule):
+            current = advance_every(current, _accepted_ms(current, change, seq))
+        else:
+            _occurrence(current, change, seq)
+            current = None
+    return current
+
+
+def _occurrence(record: Schedule, dispatch: DispatchChange, seq: int) -> int:
+    """The occurrence ``dispatch`` delivered for ``record`` (the record as of then)."""
+    if isinstance(record, EverySchedule):
+        return occurrence_at(record, _accepted_ms(record, dispatch, seq))
+    if dispatch.acceptedAt is not None:
+        raise ScheduleLogError("one-shot dispatch carries acceptedAt", seq)
+    return parse_instant(record.scheduledAt)
+
+
+def _accepted_ms(record: EverySchedule, dispatch: DispatchChange, seq: int) -> int:
+    """A recurring dispatch's ``acceptedAt``, which must be present and not before the target."""
+    if dispatch.acceptedAt is None:
+        raise ScheduleLogError("recurring dispatch lacks acceptedAt", seq)
+    accepted = parse_instant(dispatch.acceptedAt)
+    if accepted < parse_instant(record.scheduledAt):
+        raise ScheduleLogError("recurring dispatch accepted before its target", seq)
+    return accepted

@@ -1,0 +1,209 @@
+"""The management tools' arguments and the create record they build (DESIGN §5).
+
+``parse_*_args`` check shape only and run before the per-agent queue. ``build_create``
+runs inside the transaction with the fold and one ``now`` sample; every ``at`` error and
+every range error surfaces there.
+
+``schedule_create`` checks run in this order, so the first failing one is answered:
+
+1. arguments not an object, a key other than ``prompt``/``after_seconds``/``at``/
+   ``every_seconds``, or not exactly one selector key → ``invalid_selector``;
+2. ``prompt`` missing, not a string, empty after trimming, or holding a lone surrogate
+   → ``invalid_prompt``;
+3. the selector's value: ``after_seconds`` not a positive safe integer, or
+   ``every_seconds`` not a safe integer → ``invalid_rule``; ``every_seconds`` < 300 →
+   ``frequency_too_high``; ``every_seconds`` whose milliseconds are unsafe →
+   ``invalid_rule``. The ``at`` value is kept as given and resolved by ``build_create``.
+
+A selector key given with ``null`` still counts as given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+import msgspec
+
+from dsh_schedule.shared.core.errors import ToolError
+from dsh_schedule.shared.core.fold import FoldState, allocate_id
+from dsh_schedule.shared.core.instant import MAX_MS, MAX_SAFE_INTEGER, MIN_MS, format_instant
+from dsh_schedule.shared.core.records import (
+    MAX_EVERY_SECONDS,
+    MIN_EVERY_SECONDS,
+    AfterSchedule,
+    AtSchedule,
+    CreateChange,
+    EverySchedule,
+    Schedule,
+    is_utf8_safe,
+    js_trim,
+)
+from dsh_schedule.shared.core.timesel import resolve_at
+
+SelectorKind = Literal["after", "at", "every"]
+
+SELECTOR_KEYS: Final[dict[str, SelectorKind]] = {
+    "after_seconds": "after",
+    "at": "at",
+    "every_seconds": "every",
+}
+CREATE_KEYS: Final = frozenset({"prompt", *SELECTOR_KEYS})
+
+_MSG_AFTER: Final[str] = (
+    "after_seconds must be a positive whole number of seconds, at most 9007199254740991."
+)
+_MSG_EVERY: Final[str] = (
+    "every_seconds must be a whole number of seconds from 300 to 9007199254740."
+)
+_MSG_DELETE: Final[str] = (
+    'schedule_delete takes exactly {"id": "schedule-N"}: a non-empty string id without '
+    "surrounding whitespace."
+)
+_MSG_LIST: Final[str] = "schedule_list takes no arguments; pass {}."
+
+
+class CreateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A shape-checked ``schedule_create`` call; exactly the field of ``kind`` is set.
+
+    ``prompt`` is already trimmed; ``at`` is the raw selector value.
+    """
+
+    kind: SelectorKind
+    prompt: str
+    after_seconds: int | None = None
+    at: Any = None
+    every_seconds: int | None = None
+
+
+def _whole_number(value: Any) -> int | None:
+    """An int, or an integral finite float such as ``600.0``; never a bool or a string."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _selector_kind(args: Any) -> SelectorKind:
+    if not isinstance(args, dict) or not set(args) <= CREATE_KEYS:
+        raise ToolError("invalid_selector")
+    given = [kind for key, kind in SELECTOR_KEYS.items() if key in args]
+    if len(given) != 1:
+        raise ToolError("invalid_selector")
+    return given[0]
+
+
+def _prompt(args: dict[str, Any]) -> str:
+    raw = args.get("prompt")
+    if not isinstance(raw, str):
+        raise ToolError("invalid_prompt")
+    prompt = js_trim(raw)
+    if prompt == "" or not is_utf8_safe(prompt):
+        raise ToolError("invalid_prompt")
+    return prompt
+
+
+def _after_seconds(value: Any) -> int:
+    seconds = _whole_number(value)
+    if seconds is None or not 1 <= seconds <= MAX_SAFE_INTEGER:
+        raise ToolError("invalid_rule", _MSG_AFTER)
+    return seconds
+
+
+def _every_seconds(value: Any) -> int:
+    seconds = _whole_number(value)
+    if seconds is None or not -MAX_SAFE_INTEGER <= seconds <= MAX_SAFE_INTEGER:
+        raise ToolError("invalid_rule", _MSG_EVERY)
+    if seconds < MIN_EVERY_SECONDS:
+        raise ToolError("frequency_too_high")
+    if seconds > MAX_EVERY_SECONDS:
+        raise ToolError("invalid_rule", _MSG_EVERY)
+    return seconds
+
+
+def parse_create_args(args: Any) -> CreateRequest:
+    """The ``schedule_create`` request, or the first shape error in the module's order."""
+    kind = _selector_kind(args)
+    prompt = _prompt(args)
+    if kind == "after":
+        return CreateRequest(
+            kind="after", prompt=prompt, after_seconds=_after_seconds(args["after_seconds"])
+        )
+    if kind == "every":
+        return CreateRequest(
+            kind="every", prompt=prompt, every_seconds=_every_seconds(args["every_seconds"])
+        )
+    return CreateRequest(kind="at", prompt=prompt, at=args["at"])
+
+
+def parse_delete_args(args: Any) -> str:
+    """The id of a ``schedule_delete {id}`` call; ``invalid_rule`` for anything else.
+
+    The id must be a non-empty string, unchanged by trimming and storable as UTF-8.
+    """
+    if not isinstance(args, dict) or set(args) != {"id"}:
+        raise ToolError("invalid_rule", _MSG_DELETE)
+    schedule_id = args["id"]
+    if (
+        not isinstance(schedule_id, str)
+        or schedule_id == ""
+        or js_trim(schedule_id) != schedule_id
+        or not is_utf8_safe(schedule_id)
+    ):
+        raise ToolError("invalid_rule", _MSG_DELETE)
+    return schedule_id
+
+
+def parse_list_args(args: Any) -> None:
+    """Accept ``schedule_list {}`` (or no arguments at all); ``invalid_selector`` else."""
+    if args is None or (isinstance(args, dict) and not args):
+        return
+    raise ToolError("invalid_selector", _MSG_LIST)
+
+
+def _target_after(now_ms: int, seconds: int) -> str:
+    """``now + seconds`` as a canonical instant; ``time_out_of_range`` beyond the range."""
+    target = now_ms + seconds * 1000
+    if not MIN_MS <= target <= MAX_MS:
+        raise ToolError("time_out_of_range")
+    return format_instant(target)
+
+
+def build_create(
+    request: CreateRequest, state: FoldState, now_ms: int, zone: Callable[[], str]
+) -> CreateChange:
+    """The create record for ``request`` at the single sample ``now_ms``.
+
+    The id is the next never-used ``schedule-N`` of ``state``. ``zone`` is called only
+    for an ``at`` object without ``time_zone``. Raises the ``at`` errors of
+    ``resolve_at`` and ``time_out_of_range``.
+    """
+    schedule_id = allocate_id(state)
+    schedule: Schedule
+    if request.kind == "after":
+        assert request.after_seconds is not None
+        schedule = AfterSchedule(
+            id=schedule_id,
+            prompt=request.prompt,
+            afterSeconds=request.after_seconds,
+            scheduledAt=_target_after(now_ms, request.after_seconds),
+        )
+    elif request.kind == "every":
+        assert request.every_seconds is not None
+        # The first target is the anchor every later occurrence stays aligned to.
+        schedule = EverySchedule(
+            id=schedule_id,
+            prompt=request.prompt,
+            everySeconds=request.every_seconds,
+            scheduledAt=_target_after(now_ms, request.every_seconds),
+        )
+    else:
+        target = resolve_at(request.at, now_ms=now_ms, implicit_zone=zone)
+        schedule = AtSchedule(
+            id=schedule_id, prompt=request.prompt, scheduledAt=format_instant(target)
+        )
+    return CreateChange(schedule=schedule)

@@ -1,0 +1,174 @@
+"""The in-memory ``SessionStore``: the same contract in process memory, plus faults.
+
+It ships with the package so tool and worker tests (and single-process demos) can run
+without a filesystem. Fault injection lets tests make appends and flushes fail and check
+which flushes were attempted; appended events that no flush has confirmed yet are
+tracked (``unflushed``) but never lost.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
+from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
+from dsh_schedule.shared.core.fold import FoldState
+from dsh_schedule.shared.store.port import (
+    IncrementalFold,
+    SessionExists,
+    check_append,
+    escape_session_id,
+    fork_header,
+    missing_session,
+    number_events,
+)
+
+
+class _Log:
+    """One session: header, events, how many of them a flush confirmed, the fold cache."""
+
+    def __init__(self, header: SessionHeader, events: Sequence[Event]) -> None:
+        self.header = header
+        self.events: list[Event] = list(events)
+        self.durable = len(self.events)
+        self.fold = IncrementalFold(header.seedLength or 0)
+
+    def session(self) -> Session:
+        return Session(header=self.header, events=EventLog(self.events))
+
+
+class MemoryStore:
+    """``SessionStore`` in memory. Thread-safe; one lock guards every session.
+
+    Faults (all raise ``PersistenceError`` exactly where the file store would):
+    ``fail_next_append(n)`` makes the next n appends fail at the write, after the fence
+    and the invariant passed, with nothing written; ``fail_next_flush(n)`` and
+    ``fail_flushes`` make ``flush`` fail with the events kept; ``fail_reads`` makes
+    ``read`` and ``load`` fail. ``create`` and ``fork`` are durable on return and consult
+    no flush fault; they are not counted as flush calls.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logs: dict[str, _Log] = {}
+        self._append_failures = 0
+        self._flush_failures = 0
+        self.fail_flushes = False
+        self.fail_reads = False
+        self.flush_calls: list[str] = []
+
+    # -- fault injection and inspection -------------------------------------------------
+
+    def fail_next_append(self, n: int = 1) -> None:
+        """The next ``n`` appends that pass the fence and the invariant fail to write."""
+        with self._lock:
+            self._append_failures += n
+
+    def fail_next_flush(self, n: int = 1) -> None:
+        """The next ``n`` flushes of an existing session fail."""
+        with self._lock:
+            self._flush_failures += n
+
+    def flush_count(self, session_id: str) -> int:
+        """How many flushes of ``session_id`` were attempted, failed ones included."""
+        with self._lock:
+            return self.flush_calls.count(session_id)
+
+    def unflushed(self, session_id: str) -> tuple[Event, ...]:
+        """The appended events no successful flush has confirmed yet."""
+        with self._lock:
+            log = self._get(session_id)
+            return tuple(log.events[log.durable :])
+
+    # -- the SessionStore contract --------------------------------------------------------
+
+    def create(self, header: SessionHeader) -> None:
+        escape_session_id(header.id)
+        with self._lock:
+            if header.id in self._logs:
+                raise SessionExists(header.id)
+            self._logs[header.id] = _Log(header, ())
+
+    def fork(self, parent_id: str, child_id: str, *, created_at_ms: int) -> SessionHeader:
+        escape_session_id(child_id)
+        with self._lock:
+            parent = self._get(parent_id)
+            if child_id in self._logs:
+                raise SessionExists(child_id)
+            header = fork_header(parent.header, child_id, created_at_ms, len(parent.events))
+            self._logs[child_id] = _Log(header, parent.events)
+            return header
+
+    def exists(self, session_id: str) -> bool:
+        escape_session_id(session_id)
+        with self._lock:
+            return session_id in self._logs
+
+    def sessions(self) -> list[str]:
+        with self._lock:
+            return sorted(self._logs)
+
+    def read(self, session_id: str) -> Session:
+        with self._lock:
+            return self._readable(session_id).session()
+
+    def load(self, session_id: str) -> tuple[Session, FoldState]:
+        with self._lock:
+            log = self._readable(session_id)
+            return log.session(), log.fold.advance(log.events)
+
+    def append(
+        self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+    ) -> tuple[Event, ...]:
+        # A JSON round trip gives the same values, and the same encoding failures, as a
+        # store that writes them to a file.
+        stored = [
+            NewEvent(type=e.type, time=e.time, data=_json_round_trip(e.data)) for e in events
+        ]
+        candidates = number_events(stored, expected_seq)
+        with self._lock:
+            log = self._get(session_id)
+            if len(log.events) != expected_seq:
+                raise FenceConflict(expected_seq, len(log.events))
+            checked = check_append(log.fold, log.events, candidates)
+            if self._append_failures > 0:
+                self._append_failures -= 1
+                raise PersistenceError(f"injected write failure for session {session_id!r}")
+            log.events.extend(candidates)
+            if checked is not None:
+                log.fold.appended(checked, len(log.events))
+            return candidates
+
+    def flush(self, session_id: str) -> None:
+        escape_session_id(session_id)
+        with self._lock:
+            self.flush_calls.append(session_id)
+            log = self._get(session_id)
+            if self.fail_flushes or self._flush_failures > 0:
+                if not self.fail_flushes:
+                    self._flush_failures -= 1
+                raise PersistenceError(f"injected flush failure for session {session_id!r}")
+            log.durable = len(log.events)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _get(self, session_id: str) -> _Log:
+        escape_session_id(session_id)
+        log = self._logs.get(session_id)
+        if log is None:
+            raise missing_session(session_id)
+        return log
+
+    def _readable(self, session_id: str) -> _Log:
+        log = self._get(session_id)
+        if self.fail_reads:
+            raise PersistenceError(f"injected read failure for session {session_id!r}")
+        return log
+
+
+def _json_round_trip(data: Any) -> Any:
+    return msgspec.json.decode(msgspec.json.encode(data))
