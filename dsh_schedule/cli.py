@@ -1,4 +1,5 @@
-"""``dsh-schedule``: one command with subcommands (DESIGN §7). Thin: parse, build, run."""
+"""``dsh-schedule``: one command with subcommands (docs/architecture.md#processes-and-cli).
+Thin: parse, build, run."""
 
 from __future__ import annotations
 

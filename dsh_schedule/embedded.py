@@ -1,4 +1,4 @@
-"""The whole system in one process, on the embedded Redis (DESIGN §7: demo, loadtest).
+"""The whole system in one process, on the embedded Redis (docs/architecture.md#processes-and-cli).
 
 A reference host, a due owner behind an rq ``SimpleWorker`` (fakeredis state is per
 process, so nothing forks) and the rq-scheduler mover, stepped by one loop.

@@ -1,4 +1,5 @@
-"""All tunables in one frozen object, built from flags and the environment (DESIGN §6.1, §7)."""
+"""All tunables in one frozen object, built from flags and the environment
+(docs/architecture.md#timings)."""
 
 from __future__ import annotations
 

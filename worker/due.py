@@ -1,4 +1,4 @@
-"""The due transaction: a wake's work for one agent (DESIGN §6.3).
+"""The due transaction: a wake's work for one agent (docs/architecture.md#the-due-transaction).
 
 Every step is a named method. The log stays the authority: followups are written before
 the fenced dispatch append, so a crash can only leave an entry without a dispatch (the
@@ -42,7 +42,7 @@ _paused_once = False
 
 
 def crash_point(name: str) -> None:
-    """Test-only: SIGKILL this process at the named point (DESIGN §8).
+    """Test-only: SIGKILL this process at the named point (docs/architecture.md#testing).
 
     ``pause-<point>`` stops the process there once (SIGSTOP) instead, so a test can let
     its lock and phase expire and then resume it.

@@ -1,4 +1,5 @@
-"""The ``worker`` process: an rq SimpleWorker on the schedule queue (DESIGN §7).
+"""The ``worker`` process: an rq SimpleWorker on the schedule queue
+(docs/architecture.md#processes-and-cli).
 
 rq's worker handles SIGTERM and SIGINT with a warm shutdown: the wake in hand finishes
 its transaction before the process exits.

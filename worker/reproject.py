@@ -1,4 +1,4 @@
-"""Re-projection of lost followups from the log (DESIGN §6.4).
+"""Re-projection of lost followups from the log (docs/architecture.md#hosts-followups-and-rebuild).
 
 A dispatch in the agent's own suffix that no delivered message covers and no stream
 entry holds gets its followup re-added, re-rendered through the receipt projection, so it

@@ -1,4 +1,5 @@
-"""The host bridge (DESIGN §6.4): leases, agent phase for turns, the followup delivery gate.
+"""The host bridge (docs/architecture.md#hosts-followups-and-rebuild): leases, agent phase for
+turns, the followup delivery gate.
 
 A host keeps a lease per installed root agent, marks its turns in the agent phase, and
 consumes the agent's followup stream. An entry is delivered into the session only when

@@ -1,7 +1,7 @@
 """The Schedule plugin: installs the three tools on root agents created after it loads.
 
 It listens only to later agent-created events, so agents that already existed when it
-loaded, and runtime children, never receive Schedule (the seed's load-order boundary).
+loaded, and runtime children, never receive Schedule (the load-order boundary).
 Its services are injected when it is built: a missing session store or Redis connection
 is a composition error, not a tool error later.
 """

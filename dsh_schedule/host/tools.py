@@ -1,4 +1,4 @@
-"""The three management transactions (DESIGN §5).
+"""The three management transactions (docs/architecture.md#management-tools).
 
 Shape checks run before the queue. Then, holding the per-agent lock: preflight flush,
 fold, one ``now`` sample, a fenced append, the barrier flush, and the owner's recompute.

@@ -1,4 +1,5 @@
-"""Redis connections: a real server by URL, or the embedded in-process one (DESIGN §7)."""
+"""Redis connections: a real server by URL, or the embedded in-process one
+(docs/architecture.md#processes-and-cli)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The per-agent followup stream (DESIGN §6.4).
+"""The per-agent followup stream (docs/architecture.md#hosts-followups-and-rebuild).
 
 An entry holds the exact framing text and the ``(scheduleId, occurrenceAt)`` pairs it
 covers. The stream is a projection: the host delivers an entry only after checking the

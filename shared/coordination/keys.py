@@ -1,4 +1,5 @@
-"""Every Redis key this project writes, built in one place under one prefix (DESIGN §2)."""
+"""Every Redis key this project writes, built in one place under one prefix
+(docs/architecture.md#layout)."""
 
 from __future__ import annotations
 

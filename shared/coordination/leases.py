@@ -1,4 +1,5 @@
-"""Live-agent leases (DESIGN §6.4): which agents are live, and on which rq queue.
+"""Live-agent leases (docs/architecture.md#hosts-followups-and-rebuild): which agents are live,
+and on which rq queue.
 
 A lease is an entry in one ZSET (agent -> expiry, epoch ms) plus the agent's queue in one
 HASH. Granting or renewing re-creates whatever Redis lost; a new lease reports itself so

@@ -1,7 +1,9 @@
-"""The per-agent lock that serializes management and due transactions (DESIGN §5, §6.3).
+"""The per-agent lock that serializes management and due transactions
+(docs/architecture.md#management-tools).
 
 It is a redis-py ``Lock`` with a TTL and a bounded wait. Correctness never rests on it
-alone: every append is fenced by the expected log length (DESIGN §3.1), so a holder whose
+alone: every append is fenced by the expected log length (docs/architecture.md#session-logs),
+so a holder whose
 lock expired while it was paused cannot slip a stale decision into the log.
 """
 

@@ -1,4 +1,5 @@
-"""Agent phase: who owns the agent right now, a turn or maintenance (DESIGN §6.4, §6.3 step 6).
+"""Agent phase: who owns the agent right now, a turn or maintenance
+(docs/architecture.md#hosts-followups-and-rebuild).
 
 One key per agent holds ``<kind>:<token>`` with a TTL. Claims and releases are Lua scripts
 so that a claim and the registration of an idle waiter are one atomic step.

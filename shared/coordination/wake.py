@@ -1,4 +1,4 @@
-"""The wake projection on rq-scheduler (DESIGN §6.2).
+"""The wake projection on rq-scheduler (docs/architecture.md#wake-projection).
 
 Each live agent with work has one *current* wake: an rq-scheduler job scheduled at its
 next decision time on the queue beside its session store. Arming happens under the

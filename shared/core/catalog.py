@@ -1,4 +1,4 @@
-"""The management tool definitions, defined once (DESIGN §5, seed "Management tools").
+"""The management tool definitions, defined once (docs/architecture.md#management-tools).
 
 Names, model-facing descriptions, argument schemas and output schemas live here and
 nowhere else. ``docs/tool-catalog.md`` is generated from them

@@ -1,4 +1,5 @@
-"""What the live owner must do now, decided purely from the fold and ``now`` (DESIGN §6.3).
+"""What the live owner must do now, decided purely from the fold and ``now``
+(docs/architecture.md#the-due-transaction).
 
 The earliest due one-shot goes alone; otherwise every due fixed-rate record goes in one
 batch once the 300-second recurring gate is open; otherwise the owner waits until the

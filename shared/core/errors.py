@@ -1,6 +1,6 @@
 """The closed v1 domain error codes and the exceptions that carry them.
 
-Every public failure of a Schedule tool is one of the seed's eleven codes. Messages
+Every public failure of a Schedule tool is one of the eleven closed codes. Messages
 are stable, written for a model to act on, and never contain exception text or paths.
 """
 

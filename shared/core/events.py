@@ -1,4 +1,5 @@
-"""The session log's plain data: the header line and the events after it (DESIGN §3.1)."""
+"""The session log's plain data: the header line and the events after it
+(docs/architecture.md#session-logs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay of ``schedule/change`` records into the active set (DESIGN §3.3).
+"""Replay of ``schedule/change`` records into the active set (docs/architecture.md#replay-rules).
 
 The fold is a pure function of the events. It can be continued: folding ``a + b`` equals
 ``fold_events(fold_events(EMPTY, a), b)``, which is what the stores' incremental cache

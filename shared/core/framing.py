@@ -1,4 +1,4 @@
-"""The two fixed user-role reminder framings (DESIGN §6.3, seed "Due reminder followup").
+"""The two fixed user-role reminder framings (docs/architecture.md#the-due-transaction).
 
 Every dynamic id and user-authored prompt enters a frame only as a JSON string, with
 every character that could start a new line escaped, so a prompt can never add or forge

@@ -1,4 +1,5 @@
-"""Which reminders the log says were dispatched, and which were delivered (DESIGN §6.4).
+"""Which reminders the log says were dispatched, and which were delivered
+(docs/architecture.md#hosts-followups-and-rebuild).
 
 The ledger replays the fork's own suffix once and can be continued with new events, so
 the host's delivery gate and the worker's re-projection cost only the new tail.

@@ -1,4 +1,4 @@
-"""The Host-facing receipt projection of a dispatch (DESIGN §3.4).
+"""The Host-facing receipt projection of a dispatch (docs/architecture.md#receipts).
 
 ``reminder_presentation`` pairs a ``schedule/change`` dispatch with its nearest preceding
 same-id create and replays that record up to the dispatch to name the occurrence it

@@ -1,4 +1,4 @@
-"""Strict version-1 ``schedule/change`` records (DESIGN §3.2).
+"""Strict version-1 ``schedule/change`` records (docs/architecture.md#schedule-records).
 
 Decoding rejects unknown versions, operations and kinds, missing or extra keys at any
 level, wrong types, non-canonical instants, untrimmed or empty prompts and out-of-range

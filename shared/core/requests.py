@@ -1,4 +1,5 @@
-"""The management tools' arguments and the create record they build (DESIGN §5).
+"""The management tools' arguments and the create record they build
+(docs/architecture.md#management-tools).
 
 ``parse_*_args`` check shape only and run before the per-agent queue. ``build_create``
 runs inside the transaction with the fold and one ``now`` sample; every ``at`` error and

@@ -1,4 +1,4 @@
-"""Which zone an ``at`` object without ``time_zone`` means (DESIGN §4 "Omitted time_zone").
+"""Which zone an ``at`` object without ``time_zone`` means (docs/architecture.md#time).
 
 The zone is implicit only when the session header fixes ``timeZone``, the current open
 turn holds a time-context reading, and the person's messages of that turn carry exactly

@@ -1,4 +1,4 @@
-"""Absolute ``at`` targets and IANA zones (DESIGN §4, the seed's "Absolute-time context").
+"""Absolute ``at`` targets and IANA zones (docs/architecture.md#time).
 
 An ``at`` selector is either a strict offset string
 ``YYYY-MM-DDTHH:mm:ss[.S|.SS|.SSS](Z|±HH:MM)`` or a local object

@@ -1,4 +1,4 @@
-"""The canonical tool values and their rendering (DESIGN §5 "Values").
+"""The canonical tool values and their rendering (docs/architecture.md#management-tools).
 
 A view is what ``schedule_create`` and ``schedule_list`` answer for one active record; a
 delete value is what ``schedule_delete`` answers. Keys are in exactly the documented

@@ -1,4 +1,4 @@
-"""The JSONL session store (DESIGN §3.1), the embedded default.
+"""The JSONL session store (docs/architecture.md#session-logs), the embedded default.
 
 One file per session, ``<root>/<escaped id>.jsonl``: line 1 the header, then one event
 per line. Appends hold an exclusive ``flock`` and re-check the length under it, so they

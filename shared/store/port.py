@@ -1,4 +1,5 @@
-"""The session store port (DESIGN §3.1) and what every store implementation shares.
+"""The session store port (docs/architecture.md#session-logs) and what every store
+implementation shares.
 
 The session event log is the only authority for Schedule state. A store keeps one
 append-only log per session: a header, then events whose ``seq`` equals their index.
@@ -158,7 +159,8 @@ def _hex_byte(digits: str) -> int:
     return int(digits, 16)
 
 
-# The log line codec: line 1 the header, then one event per line (DESIGN §3.1).
+# The log line codec: line 1 the header, then one event per line
+# (docs/architecture.md#session-logs).
 
 _ENCODER: Final = msgspec.json.Encoder()
 _EVENT_DECODER: Final = msgspec.json.Decoder(Event)

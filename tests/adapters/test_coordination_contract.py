@@ -1,4 +1,5 @@
-"""Coordination over all ports together (DESIGN §2, §6.2, §6.4), on the fake and the real Redis.
+"""Coordination over all ports together (docs/architecture.md#layout), on the fake and the real
+Redis.
 
 Each port has its own contract suite beside this one; here: the owner's re-arm and the
 immediate wake follow the lease's queue, and every key any port writes carries the prefix.

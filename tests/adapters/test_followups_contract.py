@@ -1,4 +1,5 @@
-"""The followup stream contract (DESIGN §6.4 "Followups"), on the fake and the real Redis."""
+"""The followup stream contract (docs/architecture.md#hosts-followups-and-rebuild), on the fake
+and the real Redis."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The JSONL store's own promises (DESIGN §3.1): file layout, escaping, torn lines,
+"""The JSONL store's own promises (docs/architecture.md#session-logs): file layout, escaping,
+torn lines,
 corruption, rollback, fsync failures, the incremental cache and multi-process appends."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The live-lease contract (DESIGN §6.4 "Install and leases"), on the fake and the real Redis."""
+"""The live-lease contract (docs/architecture.md#hosts-followups-and-rebuild), on the fake and
+the real Redis."""
 
 from __future__ import annotations
 

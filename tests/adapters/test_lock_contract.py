@@ -1,4 +1,4 @@
-"""The per-agent lock contract (DESIGN §6.1, §6.3 step 2), on the fake and the real Redis."""
+"""The per-agent lock contract (docs/architecture.md#timings), on the fake and the real Redis."""
 
 from __future__ import annotations
 

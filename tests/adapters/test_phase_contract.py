@@ -1,4 +1,5 @@
-"""The agent phase contract (DESIGN §6.3 step 6, §6.4 "Phase"), on the fake and the real Redis."""
+"""The agent phase contract (docs/architecture.md#the-due-transaction), on the fake and the
+real Redis."""
 
 from __future__ import annotations
 

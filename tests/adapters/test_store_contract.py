@@ -1,4 +1,5 @@
-"""The SessionStore contract (DESIGN §3.1), run against the in-memory fake and the JSONL store."""
+"""The SessionStore contract (docs/architecture.md#session-logs), run against the in-memory
+fake and the JSONL store."""
 
 from __future__ import annotations
 

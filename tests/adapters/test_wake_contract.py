@@ -1,4 +1,5 @@
-"""The wake projection contract (DESIGN §6.2), on the fake and the real Redis.
+"""The wake projection contract (docs/architecture.md#wake-projection), on the fake and the
+real Redis.
 
 Targets lie far in the future and ``move_due`` gets the now, so no test depends on the
 clock or on rq-scheduler's own clock sample.

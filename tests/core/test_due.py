@@ -1,4 +1,5 @@
-"""The live owner's decision from the fold and ``now`` (DESIGN §6.3 step 5)."""
+"""The live owner's decision from the fold and ``now``
+(docs/architecture.md#the-due-transaction)."""
 
 from __future__ import annotations
 

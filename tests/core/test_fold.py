@@ -1,4 +1,5 @@
-"""Replay of ``schedule/change`` records: the transition rules and effects of DESIGN §3.3."""
+"""Replay of ``schedule/change`` records: the transition rules and effects of
+docs/architecture.md#replay-rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The two fixed reminder framings (DESIGN §6.3, seed "Due reminder followup")."""
+"""The two fixed reminder framings (docs/architecture.md#the-due-transaction)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Receipts: ``reminder_presentation`` and the delivered batches (DESIGN §3.4, §6.4)."""
+"""Receipts: ``reminder_presentation`` and the delivered batches (docs/architecture.md#receipts)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The algebra of the core (DESIGN §8): round trips, fold composition, anchor alignment,
+"""The algebra of the core (docs/architecture.md#testing): round trips, fold composition,
+anchor alignment,
 and that every log an owner produces passes the invariant."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure core loads no Redis or queue code (DESIGN §2)."""
+"""The pure core loads no Redis or queue code (docs/architecture.md#layout)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Strict ``schedule/change`` v1 records: every shape rule of DESIGN §3.2 and §3.3."""
+"""Strict ``schedule/change`` v1 records: every shape rule
+(docs/architecture.md#schedule-records)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from dsh_schedule.shared.core.records import (
     js_trim,
 )
 
-# The six documented examples, exactly as DESIGN §3.2 writes them.
+# The six documented examples, exactly as docs/architecture.md#schedule-records writes them.
 EXAMPLES: dict[str, str] = {
     "after": '{"version":1,"operation":"create","schedule":{"id":"schedule-1","kind":"after",'
     '"prompt":"stretch","afterSeconds":600,"scheduledAt":"2026-12-01T09:10:00.000Z"}}',

@@ -1,4 +1,4 @@
-"""Management-tool arguments and the create record (DESIGN §5 step 1, step 2's record)."""
+"""Management-tool arguments and the create record (docs/architecture.md#management-tools)."""
 
 from __future__ import annotations
 
@@ -240,7 +240,7 @@ def test_after_record_matches_the_documented_example() -> None:
     request = parse_create_args({"prompt": " stretch ", "after_seconds": 600})
     # when the record is built
     change = build_create(request, EMPTY, NOW, no_zone)
-    # then it is exactly the DESIGN §3.2 example
+    # then it is exactly the docs/architecture.md#schedule-records example
     assert encode_change(change) == {
         "version": 1,
         "operation": "create",

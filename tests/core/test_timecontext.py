@@ -1,4 +1,4 @@
-"""Omitted ``time_zone``: deriving the zone from the log (DESIGN §4 "Omitted time_zone")."""
+"""Omitted ``time_zone``: deriving the zone from the log (docs/architecture.md#time)."""
 
 from __future__ import annotations
 

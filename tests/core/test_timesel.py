@@ -1,4 +1,4 @@
-"""Absolute ``at`` targets and zone names (DESIGN §4; the seed's "Absolute-time context")."""
+"""Absolute ``at`` targets and zone names (docs/architecture.md#time)."""
 
 from __future__ import annotations
 

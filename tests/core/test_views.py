@@ -1,4 +1,5 @@
-"""Tool values: views, the list and delete values, rendering and tool results (DESIGN §5)."""
+"""Tool values: views, the list and delete values, rendering and tool results
+(docs/architecture.md#management-tools)."""
 
 from __future__ import annotations
 

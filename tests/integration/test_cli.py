@@ -1,4 +1,4 @@
-"""The read-only and session CLI commands (DESIGN §7, issues 2 and 3)."""
+"""The read-only and session CLI commands (docs/architecture.md#processes-and-cli)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Faults inside the due transaction and the delivery gate (DESIGN §6.3, §6.4)."""
+"""Faults inside the due transaction and the delivery gate
+(docs/architecture.md#the-due-transaction)."""
 
 from __future__ import annotations
 

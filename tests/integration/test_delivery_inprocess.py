@@ -1,4 +1,4 @@
-"""Delivery on an injected clock, the whole system in one process (DESIGN §6, issue 4).
+"""Delivery on an injected clock, the whole system in one process (docs/architecture.md#delivery).
 
 These are the clock-dependent cases; the same paths run with real worker and scheduler
 processes in ``test_processes.py``.

@@ -1,7 +1,7 @@
 """A holder whose lock expired while it was paused cannot slip in a stale decision.
 
 The per-agent lock has a TTL; the append's expected-length fence is what protects the
-log (DESIGN §3.1).
+log (docs/architecture.md#session-logs).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Composition, the load-order boundary and disposal of the Schedule plugin (seed
-"Composition", DESIGN §5 last paragraph, §6.4 Disposal)."""
+"""Composition, the load-order boundary and disposal of the Schedule plugin
+(docs/architecture.md#management-tools and #hosts-followups-and-rebuild)."""
 
 from __future__ import annotations
 

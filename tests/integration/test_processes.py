@@ -1,5 +1,5 @@
 """Real ``dsh-schedule worker`` and ``scheduler`` processes against a real Redis, with a
-reference host inside the test (DESIGN §8, issue 4)."""
+reference host inside the test (docs/architecture.md#testing)."""
 
 from __future__ import annotations
 

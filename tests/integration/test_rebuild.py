@@ -1,4 +1,5 @@
-"""Rebuild and reconcile (DESIGN §6.4): wake every live agent, retire ended ones."""
+"""Rebuild and reconcile (docs/architecture.md#hosts-followups-and-rebuild): wake every live
+agent, retire ended ones."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The management transactions against fakeredis and real Redis (DESIGN §5, issue 3)."""
+"""The management transactions against fakeredis and real Redis
+(docs/architecture.md#management-tools)."""
 
 from __future__ import annotations
 
