@@ -93,7 +93,8 @@ class Demo:
     # -- running ----------------------------------------------------------------------
 
     def _start_real_host(self) -> ReferenceHost:
-        host = ReferenceHost(self.store, self.coordination, on_delivery=self._on_delivery)
+        host = ReferenceHost(self.store, self.coordination, self.settings,
+                             on_delivery=self._on_delivery)
         self._host_stop = threading.Event()
         self._host_thread = threading.Thread(target=host.run, args=(self._host_stop,),
                                              daemon=True)
@@ -153,7 +154,7 @@ class Demo:
             self.coordination.client.delete(f"rq:queue:{self.settings.queue}")
             self.host = self._start_real_host()
         self.host.open_root(SESSION)
-        report = rebuild(self.coordination, now_ms=_wall_ms())
+        report = rebuild(self.coordination, self.settings, now_ms=_wall_ms())
         self.t.say(f"host restarted; rebuild woke {list(report.woken)}")
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 import redis
-from rq import Queue, SimpleWorker
+from rq import Queue
 
 from dsh_schedule.host.bridge import Delivery
 from dsh_schedule.host.reference import ReferenceHost
@@ -19,8 +19,8 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import connect
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
-from dsh_schedule.worker import job
 from dsh_schedule.worker.due import DueOwner
+from dsh_schedule.worker.process import ScheduleWorker
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +44,16 @@ class EmbeddedSystem:
         self.coordination = Coordination(self.client, settings)
         self._on_delivery = on_delivery
         self.host = self._new_host()
-        self.owner = DueOwner(store, self.coordination, clock=clock, sleep=sleep)
-        job.install(self.owner)
+        self.owner = DueOwner(store, self.coordination, settings, clock=clock, sleep=sleep)
         self.queue = Queue(settings.queue, connection=self.client)
-        self.worker = SimpleWorker([self.queue], connection=self.client)
+        self.worker = ScheduleWorker([self.queue], connection=self.client, owner=self.owner)
         self._injected_clock = injected_clock
         self._next_renew_ms = 0
 
     def _new_host(self) -> ReferenceHost:
         return ReferenceHost(
-            self.store, self.coordination, clock=self.clock, on_delivery=self._on_delivery
+            self.store, self.coordination, self.settings, clock=self.clock,
+            on_delivery=self._on_delivery,
         )
 
     def stop_host(self) -> None:
@@ -76,8 +76,8 @@ class EmbeddedSystem:
 
     def flush_redis(self) -> None:
         """Drop every key, as a Redis restart without persistence would."""
-        self.client.flushall()
+        self.client.flushdb()
 
     def rebuild(self) -> RebuildReport:
         self.host.plugin.renew_leases()
-        return rebuild(self.coordination, now_ms=self.clock())
+        return rebuild(self.coordination, self.settings, now_ms=self.clock())

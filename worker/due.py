@@ -1,8 +1,9 @@
 """The due transaction: a wake's work for one agent (docs/architecture.md#the-due-transaction).
 
-Every step is a named method. The log stays the authority: followups are written before
-the fenced dispatch append, so a crash can only leave an entry without a dispatch (the
-host drops it) or a dispatch without an entry (re-projection re-adds it).
+Every step is a named method whose result is either what the next step needs or the
+``WakeOutcome`` that ends the wake. The log stays the authority: followups are written
+before the fenced dispatch append, so a crash can only leave an entry without a dispatch
+(the host drops it) or a dispatch without an entry (re-projection re-adds it).
 """
 
 from __future__ import annotations
@@ -14,28 +15,50 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from enum import Enum
 from typing import Final
 
+import redis
+
+from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.followups import Pair
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
-from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, occurrence_at
 from dsh_schedule.shared.core.framing import FramingError, batch_frame, one_shot_frame
 from dsh_schedule.shared.core.instant import format_instant
-from dsh_schedule.shared.core.ledger import LedgerCache
+from dsh_schedule.shared.core.ledger import LedgerCache, Pair
 from dsh_schedule.shared.core.records import DispatchChange, encode_change
+from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
+from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.reproject import reproject
 
 log = logging.getLogger(__name__)
 
 MAX_ROUNDS: Final = 64
-FENCE_RETRIES: Final = 4
 CRASH_ENV: Final = "DSH_SCHEDULE_CRASH_AT"
+
+
+class WakeOutcome(Enum):
+    """How a wake ended. Only ``SETTLED`` re-arms; every other outcome leaves the records
+    active for a later wake (the phase release, a management call, a new lease or the
+    reconcile pass)."""
+
+    SETTLED = "settled"
+    NOT_LIVE = "not-live"
+    LOCK_BUSY = "lock-busy"
+    WAITING_FOR_IDLE = "waiting-for-idle"
+    PREFLIGHT_FAILED = "preflight-failed"
+    CORRUPT_LOG = "corrupt-log"
+    DISPATCH_ABANDONED = "dispatch-abandoned"
+    BARRIER_FAILED = "barrier-failed"
+    STILL_DUE = "still-due"
+    REDIS_UNAVAILABLE = "redis-unavailable"
+    FAILED = "failed"
 
 
 _paused_once = False
@@ -58,10 +81,6 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
-class Stop(Exception):
-    """End this wake quietly; everything stays active for a later one."""
-
-
 class DueOwner:
     """Performs due transactions for agents whose sessions live in ``store``."""
 
@@ -69,157 +88,197 @@ class DueOwner:
         self,
         store: SessionStore,
         coordination: Coordination,
+        settings: Settings,
         *,
-        clock: Callable[[], int],
+        clock: Clock,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._store = store
         self._coord = coordination
+        self._settings = settings
         self._clock = clock
         self._sleep = sleep
         self._ledgers = LedgerCache()
 
-    def wake(self, agent: str, target_ms: int | None) -> None:
+    def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
         """Handle one wake: stale and duplicate wakes find nothing due and return."""
-        settings = self._coord.settings
+        try:
+            return self._wake(agent, target_ms)
+        except redis.RedisError as exc:
+            # The records stay active; a new lease or the reconcile pass wakes the agent.
+            log.warning("wake for %s: Redis unavailable (%s)", agent, type(exc).__name__)
+            return WakeOutcome.REDIS_UNAVAILABLE
+
+    def _wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
         if not self._coord.leases.is_live(agent, now_ms=self._clock()):
             log.debug("wake for %s: not live", agent)
-            return
+            return WakeOutcome.NOT_LIVE
         if target_ms is not None:
             early_ms = target_ms - self._clock()
-            if 0 < early_ms < settings.early_sleep_s * 1000:
+            if 0 < early_ms < self._settings.early_sleep_s * 1000:
                 # rq-scheduler keeps whole-second scores: sleep out a short difference.
                 self._sleep(early_ms / 1000)
         try:
-            with self._coord.locks.hold(agent, wait_s=settings.wake_lock_wait_s):
+            with self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s):
                 settled = self._rounds(agent)
-                if settled is not None:
-                    self._coord.rearm(agent, settled, self._clock())
+                if isinstance(settled, WakeOutcome):
+                    return settled
+                self._coord.rearm(agent, settled, self._clock())
+                return WakeOutcome.SETTLED
         except LockUnavailable:
             log.debug("wake for %s: lock busy, the holder re-arms", agent)
-        except Stop:
-            pass
+            return WakeOutcome.LOCK_BUSY
 
-    def wake_batch(self, agents: Sequence[str]) -> None:
+    def wake_batch(self, agents: Sequence[str]) -> dict[str, WakeOutcome]:
         """Immediate wakes for many agents (a rebuild's batch), each decided under its own
         lock after its own preflight, exactly as ``wake``; the liveness checks and the
         final re-arms go to Redis together, and every lock is held until its agent is
         armed."""
-        settings = self._coord.settings
-        live = self._coord.leases.live_among(agents, now_ms=self._clock())
+        try:
+            return self._wake_batch(agents)
+        except redis.RedisError as exc:
+            log.warning("wake batch of %d: Redis unavailable (%s)", len(agents),
+                        type(exc).__name__)
+            return dict.fromkeys(agents, WakeOutcome.REDIS_UNAVAILABLE)
+
+    def _wake_batch(self, agents: Sequence[str]) -> dict[str, WakeOutcome]:
+        live = set(self._coord.leases.live_among(agents, now_ms=self._clock()))
+        outcomes = {agent: WakeOutcome.NOT_LIVE for agent in agents if agent not in live}
         settled: list[tuple[str, FoldState]] = []
         with ExitStack() as held:
-            for agent in live:
+            for agent in agents:
+                if agent not in live:
+                    continue
                 try:
                     held.enter_context(
-                        self._coord.locks.hold(agent, wait_s=settings.wake_lock_wait_s)
+                        self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s)
                     )
-                    state = self._rounds(agent)
                 except LockUnavailable:
                     log.debug("wake for %s: lock busy, the holder re-arms", agent)
+                    outcomes[agent] = WakeOutcome.LOCK_BUSY
                     continue
-                except Stop:
-                    continue
+                try:
+                    state = self._rounds(agent)
+                except redis.RedisError:
+                    raise  # every other agent of the batch needs Redis too
                 except Exception:
+                    # One agent's failure spares the rest of the batch.
                     log.exception("wake for %s failed", agent)
-                    continue
-                if state is not None:
+                    state = WakeOutcome.FAILED
+                if isinstance(state, WakeOutcome):
+                    outcomes[agent] = state
+                else:
                     settled.append((agent, state))
+                    outcomes[agent] = WakeOutcome.SETTLED
             self._coord.rearm_many(settled, self._clock())
+        return outcomes
 
-    def _rounds(self, agent: str) -> FoldState | None:
-        """Dispatch until nothing is due; the settled fold to arm from, or None when the
-        wake stopped (waiting for the idle phase, or a dispatch it could not make)."""
+    def _rounds(self, agent: str) -> FoldState | WakeOutcome:
+        """Dispatch until nothing is due; the settled fold to arm from, or the outcome
+        that stopped the wake."""
         for _ in range(MAX_ROUNDS):
-            session, state = self._preflight(agent)
-            self._reproject(agent, session)
-            decision = due_decision(state, self._clock())
-            if isinstance(decision, Wait):
+            loaded = self._preflight(agent)
+            if isinstance(loaded, WakeOutcome):
+                return loaded
+            session, state = loaded
+            stopped = self._reproject(agent, session)
+            if stopped is not None:
+                return stopped
+            if isinstance(due_decision(state, self._clock()), Wait):
                 return state
-            if not self._dispatch_in_phase(agent):
-                return None
-            self._barrier(agent)
+            stopped = self._dispatch_in_phase(agent)
+            if stopped is not None:
+                return stopped
+            stopped = self._barrier(agent)
+            if stopped is not None:
+                return stopped
         log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
-        return None
+        return WakeOutcome.STILL_DUE
 
-    def _preflight(self, agent: str) -> tuple[Session, FoldState]:
+    def _preflight(self, agent: str) -> tuple[Session, FoldState] | WakeOutcome:
         try:
             self._store.flush(agent)
             return self._store.load(agent)
         except PersistenceError as exc:
             log.warning("due preflight for %s failed: %s", agent, exc.reason)
+            return WakeOutcome.PREFLIGHT_FAILED
         except ScheduleLogError as exc:
             log.error("corrupt schedule log for %s, arming nothing: %s", agent, exc)
-        raise Stop
+            return WakeOutcome.CORRUPT_LOG
 
-    def _reproject(self, agent: str, session: Session) -> None:
+    def _reproject(self, agent: str, session: Session) -> WakeOutcome | None:
         try:
             added = reproject(self._coord.followups, agent, session, self._ledgers)
         except ScheduleLogError as exc:
             log.error("cannot re-project followups for %s: %s", agent, exc)
-            raise Stop from None
+            return WakeOutcome.CORRUPT_LOG
         if added:
             log.info("re-projected %d lost followup(s) for %s", added, agent)
+        return None
 
-    def _dispatch_in_phase(self, agent: str) -> bool:
-        """Claim maintenance, dispatch once, release. False when the wake must stop."""
-        settings = self._coord.settings
+    def _dispatch_in_phase(self, agent: str) -> WakeOutcome | None:
+        """Claim maintenance, dispatch once, release; the outcome when the wake stops."""
         token = uuid.uuid4().hex
-        if not self._coord.phase.claim_maintenance(agent, token, settings.maintenance_ttl_s):
+        phase = self._coord.phase
+        if not phase.claim_maintenance(agent, token, self._settings.maintenance_ttl_s):
             log.debug("agent %s busy: idle waiter registered", agent)
-            return False
+            return WakeOutcome.WAITING_FOR_IDLE
         try:
             if not self._coord.leases.is_live(agent, now_ms=self._clock()):
-                return False
+                return WakeOutcome.NOT_LIVE
             return self._dispatch(agent)
         finally:
-            if self._coord.phase.release(agent, "maintenance", token) is Release.WAITER_WOKEN:
+            if phase.release(agent, "maintenance", token) is Release.WAITER_WOKEN:
                 self._coord.trigger(agent)
 
-    def _dispatch(self, agent: str) -> bool:
-        for attempt in range(FENCE_RETRIES):
-            try:
-                if attempt:
-                    # A conflicting writer's suffix must be confirmed before we decide.
-                    self._store.flush(agent)
-                session, state = self._store.load(agent)
-            except (PersistenceError, ScheduleLogError) as exc:
-                log.warning("re-fold for %s failed: %s", agent, exc)
-                return False
-            now = self._clock()
-            decision = due_decision(state, now)
-            if isinstance(decision, Wait):
-                return True
-            try:
-                text, pairs, changes = _render(decision)
-            except FramingError:
-                log.exception("framing failed for %s; nothing written", agent)
-                return False
-            crash_point("before-followup")
-            self._coord.followups.add(agent, text, pairs)
-            crash_point("after-followup")
-            events = [
-                NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c)) for c in changes
-            ]
-            try:
-                self._store.append(agent, events, expected_seq=len(session.events))
-            except FenceConflict:
-                log.info("fence conflict for %s: re-deciding", agent)
-                continue
-            except (PersistenceError, ScheduleLogError) as exc:
-                # The followup may already be read; with no dispatch the host drops it.
-                log.error("dispatch append for %s abandoned: %s", agent, exc)
-                return False
-            crash_point("after-append")
-            return True
-        return False
+    def _dispatch(self, agent: str) -> WakeOutcome | None:
+        """Re-decide with the phase held and write one dispatch (followup, then the fenced
+        append); the outcome when nothing could be written."""
+        try:
+            return retry_fenced(f"dispatch for {agent}", lambda n: self._dispatch_once(agent, n))
+        except FenceRetriesExhausted as exc:
+            log.warning("%s", exc)
+            return WakeOutcome.DISPATCH_ABANDONED
 
-    def _barrier(self, agent: str) -> None:
+    def _dispatch_once(self, agent: str, attempt: int) -> WakeOutcome | None:
+        try:
+            if attempt:
+                # A conflicting writer's suffix must be confirmed before we decide.
+                self._store.flush(agent)
+            session, state = self._store.load(agent)
+        except (PersistenceError, ScheduleLogError) as exc:
+            log.warning("re-fold for %s failed: %s", agent, exc)
+            return WakeOutcome.DISPATCH_ABANDONED
+        now = self._clock()
+        decision = due_decision(state, now)
+        if isinstance(decision, Wait):
+            return None
+        try:
+            text, pairs, changes = _render(decision)
+        except FramingError:
+            log.exception("framing failed for %s; nothing written", agent)
+            return WakeOutcome.DISPATCH_ABANDONED
+        crash_point("before-followup")
+        self._coord.followups.add(agent, text, pairs)
+        crash_point("after-followup")
+        events = [NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c)) for c in changes]
+        try:
+            # FenceConflict propagates: retry_fenced re-decides.
+            self._store.append(agent, events, expected_seq=len(session.events))
+        except (PersistenceError, ScheduleLogError) as exc:
+            # The followup may already be read; with no dispatch the host drops it.
+            log.error("dispatch append for %s abandoned: %s", agent, exc)
+            return WakeOutcome.DISPATCH_ABANDONED
+        crash_point("after-append")
+        return None
+
+    def _barrier(self, agent: str) -> WakeOutcome | None:
         try:
             self._store.flush(agent)
         except PersistenceError as exc:
             log.warning("dispatch barrier for %s failed: %s", agent, exc.reason)
-            raise Stop from None
+            return WakeOutcome.BARRIER_FAILED
+        return None
 
 
 def _render(
@@ -238,4 +297,3 @@ def _render(
     text = batch_frame(items)
     pairs = [Pair(scheduleId=i, occurrenceAt=o) for i, o, _ in items]
     return text, pairs, [DispatchChange(id=r.id, acceptedAt=accepted) for r in decision.records]
-

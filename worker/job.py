@@ -1,45 +1,94 @@
-"""The rq job behind every wake: ``dsh_schedule.worker.job.wake(agent, target_ms)``.
+"""The two rq job functions behind every wake (docs/architecture.md#wake-projection).
 
-The process that runs the job installs its owner once (``install``); the scheduler side
-only names this function by its import path, so the two packages never import each other.
+``wake(agent, target_ms)`` is one wake: a scheduled one (rq-scheduler moved it) or an
+immediate one (a new lease, a released phase). ``wake_batch(payload)`` carries a typed
+batch: the mover's due wakes, or a rebuild's immediate wakes.
+
+The due owner that performs them comes from the worker that runs the job: our ``worker``
+process and the embedded system run jobs under ``serving(owner)``. A stock rq worker
+started on our queue, with the ``DSH_SCHEDULE_*`` settings in its environment, gets an
+owner built from those settings and the job's own Redis connection, once per process.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-from dsh_schedule.worker.due import DueOwner
+import msgspec
+import redis
+from rq import get_current_job
+
+from dsh_schedule.shared.clock import wall_clock_ms
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.wake import DueWakes, decode_batch
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.worker.due import DueOwner, WakeOutcome
 
 log = logging.getLogger(__name__)
 
-_owner: DueOwner | None = None
+_serving: ContextVar[DueOwner | None] = ContextVar("dsh_schedule_due_owner", default=None)
+_built: dict[tuple[Settings, int], DueOwner] = {}
 
 
-def install(owner: DueOwner) -> None:
-    """Make ``owner`` perform the wakes this process runs."""
-    global _owner
-    _owner = owner
+@contextmanager
+def serving(owner: DueOwner) -> Iterator[None]:
+    """Run the wake jobs of this block (in this thread) with ``owner``."""
+    token = _serving.set(owner)
+    try:
+        yield
+    finally:
+        _serving.reset(token)
 
 
-def wake(agent: str, target_ms: int | None) -> None:
-    if _owner is None:
-        raise RuntimeError("no due owner installed in this worker process")
-    _owner.wake(agent, target_ms)
+def build_owner(client: redis.Redis, settings: Settings) -> DueOwner:
+    """The due owner for a deployment's settings, on the wall clock."""
+    store = JsonlStore(settings.sessions)
+    return DueOwner(store, Coordination(client, settings), settings, clock=wall_clock_ms)
 
 
-def wake_many(items: list[Any]) -> None:
-    """A batch of wakes, in order: agent ids (a rebuild's immediate wakes, decided
-    together) or ``[agent, target_ms]`` pairs (scheduled wakes the mover handed on).
-    One wake's failure spares the rest."""
-    if _owner is None:
-        raise RuntimeError("no due owner installed in this worker process")
-    if all(isinstance(item, str) for item in items):
-        _owner.wake_batch(items)
-        return
-    for item in items:
-        agent, target_ms = (item, None) if isinstance(item, str) else (item[0], item[1])
+def _owner() -> DueOwner:
+    owner = _serving.get()
+    if owner is not None:
+        return owner
+    # A stock rq worker: build from the environment, on the connection the job came on.
+    settings = Settings.from_env()
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("a wake job must run inside an rq worker")
+    connection: redis.Redis = job.connection
+    key = (settings, id(connection))
+    if key not in _built:
+        _built[key] = build_owner(connection, settings)
+    return _built[key]
+
+
+def wake(agent: str, target_ms: int | None) -> str:
+    """One wake; returns its outcome's name (rq keeps no result: ``result_ttl=0``)."""
+    return _owner().wake(agent, target_ms).value
+
+
+def wake_batch(payload: Any) -> dict[str, str]:
+    """A batch of wakes, in order; one wake's failure spares the rest."""
+    try:
+        batch = decode_batch(payload)
+    except msgspec.ValidationError as exc:
+        log.error("malformed wake batch dropped: %s", exc)
+        return {}
+    owner = _owner()
+    if not isinstance(batch, DueWakes):
+        outcomes = owner.wake_batch(batch.agents)
+        return {agent: outcome.value for agent, outcome in outcomes.items()}
+    results: dict[str, str] = {}
+    for item in batch.wakes:
         try:
-            _owner.wake(agent, target_ms)
+            outcome = owner.wake(item.agent, item.target_ms)
         except Exception:
-            log.exception("wake for %s failed", agent)
+            log.exception("wake for %s failed", item.agent)
+            outcome = WakeOutcome.FAILED
+        results[item.agent] = outcome.value
+    return results

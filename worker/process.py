@@ -2,44 +2,106 @@
 (docs/architecture.md#processes-and-cli).
 
 rq's worker handles SIGTERM and SIGINT with a warm shutdown: the wake in hand finishes
-its transaction before the process exits.
+its transaction before the process exits. Through a Redis outage the process keeps
+running: rq's loop gives up on a lost connection, so we wait for Redis (one line when it
+goes away, one when it is back) and start a new rq worker (docs/architecture.md#outages).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker
 
-from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.outage import Outage
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.jsonl import JsonlStore
-from dsh_schedule.worker import job
 from dsh_schedule.worker.due import DueOwner
+from dsh_schedule.worker.job import build_owner, serving
 
 log = logging.getLogger(__name__)
 
 
-def wall_clock_ms() -> int:
-    import time
+class ScheduleWorker(SimpleWorker):
+    """rq's SimpleWorker that runs every wake job with ``owner``, and remembers a stop
+    request, so a loop around it can tell a requested stop from an rq loop that gave up
+    on Redis."""
 
-    return time.time_ns() // 1_000_000
+    stop_requested = False
+
+    def __init__(self, *args: Any, owner: DueOwner, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owner = owner
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        with serving(self.owner):
+            super().execute_job(job, queue)
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        self.stop_requested = True
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
 
-def build_owner(client: redis.Redis, settings: Settings) -> DueOwner:
-    store = JsonlStore(settings.sessions)
-    return DueOwner(store, Coordination(client, settings), clock=wall_clock_ms)
+class _OutageNoise(logging.Filter):
+    """Drops rq's own lines about a lost connection: the outage is told once, by us."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            return False
+        return "could not connect to Redis" not in record.getMessage()
 
 
 def run_worker(settings: Settings, *, burst: bool = False) -> int:
-    """Serve wakes until stopped; the caller has checked that a Redis URL is set."""
-    assert settings.redis_url
-    client = redis.Redis.from_url(settings.redis_url)
-    job.install(build_owner(client, settings))
-    queue = Queue(settings.queue, connection=client)
-    worker = SimpleWorker([queue], connection=client)
+    """Serve wakes until stopped (or, with ``burst``, until the queue is empty)."""
+    if not settings.redis_url:
+        raise ValueError("the worker needs a Redis URL")
+    client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
+    owner = build_owner(client, settings)
+    outage = Outage(log, "worker")
+    stopped = threading.Event()
+    logging.getLogger("rq.worker").addFilter(_OutageNoise())
     log.info("worker serving queue %s, sessions in %s", settings.queue, settings.sessions)
     level = logging.getLevelName(logging.getLogger().level)
-    worker.work(burst=burst, with_scheduler=False, logging_level=level)
+    while not stopped.is_set():
+        worker = ScheduleWorker(
+            [Queue(settings.queue, connection=client)], connection=client, owner=owner
+        )
+        try:
+            worker.work(burst=burst, with_scheduler=False, logging_level=level)
+            if worker.stop_requested or burst:
+                return 0
+            client.ping()  # rq's loop gave up: on Redis, or on something else?
+            log.error("the rq worker loop stopped unexpectedly; starting a new one")
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if worker.stop_requested:
+                return 0
+            delay = outage.failed(exc)
+            _wait_for_redis(client, outage, delay, stopped)
+            continue
+        outage.succeeded()
     return 0
+
+
+def _wait_for_redis(
+    client: redis.Redis, outage: Outage, delay: float, stopped: threading.Event
+) -> None:
+    """Ping with backoff until Redis answers again (or a stop is requested)."""
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.set()
+
+    # rq's handlers belong to the worker that gave up; a stop now must end the wait.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopped.wait(delay):
+        try:
+            client.ping()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            delay = outage.failed(exc)
+            continue
+        outage.succeeded()
+        return

@@ -14,23 +14,26 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
 import msgspec
+import redis
 
+from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair
 from dsh_schedule.shared.coordination.phase import Release
-from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
 from dsh_schedule.shared.core.ledger import LedgerCache, reminder_source
+from dsh_schedule.shared.fencing import retry_fenced
+from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
 
-FENCE_RETRIES: Final = 4
 STALE_ENTRY_MS: Final = 30_000
 
 
@@ -52,12 +55,14 @@ class HostBridge:
         self,
         store: SessionStore,
         coordination: Coordination,
+        settings: Settings,
         *,
-        clock: Callable[[], int],
+        clock: Clock,
         consumer: str | None = None,
     ) -> None:
         self._store = store
         self._coord = coordination
+        self._settings = settings
         self._clock = clock
         self.consumer = consumer or f"host-{uuid.uuid4().hex[:12]}"
         self._ledgers = LedgerCache()
@@ -66,7 +71,7 @@ class HostBridge:
 
     def install(self, agent: str) -> bool:
         """Hold a lease for the agent; a new lease enqueues an immediate wake."""
-        settings = self._coord.settings
+        settings = self._settings
         new = self._coord.leases.grant(
             agent, settings.queue, now_ms=self._clock(), ttl_s=settings.lease_ttl_s
         )
@@ -80,7 +85,7 @@ class HostBridge:
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown)."""
-        self._coord.forget_agent(agent)
+        self._coord.forget_agent(agent, lock_wait_s=self._settings.tool_lock_wait_s)
         self._ledgers.forget(agent)
 
     # -- turns ----------------------------------------------------------------------
@@ -88,7 +93,7 @@ class HostBridge:
     @contextmanager
     def turn(self, agent: str, *, wait_s: float = 60.0) -> Iterator[str]:
         """Hold the agent's turn phase; waking input stays parked behind maintenance."""
-        settings = self._coord.settings
+        settings = self._settings
         token = uuid.uuid4().hex
         deadline = time.monotonic() + wait_s
         while not self._coord.phase.claim_turn(agent, token, settings.turn_ttl_s):
@@ -108,9 +113,15 @@ class HostBridge:
             self._end_turn(agent, token)
 
     def _heartbeat(self, agent: str, token: str, stop: threading.Event) -> None:
-        settings = self._coord.settings
+        settings = self._settings
         while not stop.wait(settings.turn_renew_s):
-            if not self._coord.phase.renew(agent, "turn", token, settings.turn_ttl_s):
+            try:
+                renewed = self._coord.phase.renew(agent, "turn", token, settings.turn_ttl_s)
+            except redis.RedisError as exc:
+                # Keep beating: the turn goes on, and Redis may be back before the TTL.
+                log.warning("turn phase of %s not renewed (%s)", agent, type(exc).__name__)
+                continue
+            if not renewed:
                 log.warning("turn phase of %s was lost", agent)
                 return
 
@@ -144,35 +155,34 @@ class HostBridge:
         return None
 
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
-        settings = self._coord.settings
-        with self._coord.locks.hold(agent, wait_s=settings.tool_lock_wait_s):
-            for _ in range(FENCE_RETRIES):
-                self._store.flush(agent)
-                session, _state = self._store.load(agent)
-                ledger = self._ledgers.ledger(agent, session)
-                if not ledger.deliverable(entry.pairs):
-                    # No dispatch covers it (an abandoned attempt), it is already
-                    # delivered, or it is not the complete batch the log recorded.
-                    log.info("dropping followup %s for %s", entry.entry_id, agent)
-                    return None
-                turn = len(session.events)
-                now = self._clock()
-                events = [
-                    NewEvent(type=TURN_START, time=now, data={"turn": turn}),
-                    NewEvent(type=USER_MESSAGE, time=now, data={
-                        "content": [{"type": "text", "text": entry.text}],
-                        "source": reminder_source(entry.pairs),
-                    }),
-                ]
-                try:
-                    appended = self._store.append(agent, events, expected_seq=turn)
-                except FenceConflict:
-                    continue
-                try:
-                    self._store.flush(agent)
-                except PersistenceError as exc:
-                    # The message is appended: the turn must run. The next preflight
-                    # confirms its durability.
-                    log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
-                return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)
-        raise RuntimeError("fence conflicts persisted")
+        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+            return retry_fenced(f"delivery for {agent}", lambda _n: self._deliver(agent, entry))
+
+    def _deliver(self, agent: str, entry: FollowupEntry) -> Delivery | None:
+        """Append the entry as the user/message of a new turn if the log says it is due
+        for delivery; None when it is to be dropped. ``FenceConflict`` re-decides."""
+        self._store.flush(agent)
+        session, _state = self._store.load(agent)
+        ledger = self._ledgers.ledger(agent, session)
+        if not ledger.deliverable(entry.pairs):
+            # No dispatch covers it (an abandoned attempt), it is already delivered, or it
+            # is not the complete batch the log recorded.
+            log.info("dropping followup %s for %s", entry.entry_id, agent)
+            return None
+        turn = len(session.events)
+        now = self._clock()
+        events = [
+            NewEvent(type=TURN_START, time=now, data={"turn": turn}),
+            NewEvent(type=USER_MESSAGE, time=now, data={
+                "content": [{"type": "text", "text": entry.text}],
+                "source": reminder_source(entry.pairs),
+            }),
+        ]
+        appended = self._store.append(agent, events, expected_seq=turn)
+        try:
+            self._store.flush(agent)
+        except PersistenceError as exc:
+            # The message is appended: the turn must run. The next preflight confirms
+            # its durability.
+            log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
+        return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)

@@ -9,17 +9,18 @@ is a composition error, not a tool error later.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
 from dsh_schedule.host.bridge import HostBridge
 from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
 from dsh_schedule.shared.core.errors import ScheduleError
 from dsh_schedule.shared.core.views import ToolResult
+from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
@@ -53,25 +54,29 @@ class CompositionError(ScheduleError, TypeError):
     """The plugin was built without a service it needs."""
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class SchedulePlugin:
+    """Installs the tools on later root agents and keeps their leases and followups."""
+
     def __init__(
         self,
         *,
         store: SessionStore | None,
         coordination: Coordination | None,
-        clock: Callable[[], int] = wall_clock_ms,
+        settings: Settings | None,
+        clock: Clock = wall_clock_ms,
         consumer: str | None = None,
     ) -> None:
         if store is None:
             raise CompositionError("the Schedule plugin needs a session store")
         if coordination is None:
             raise CompositionError("the Schedule plugin needs a Redis connection")
-        self.tools = ScheduleTools(store, coordination, clock)
-        self.bridge = HostBridge(store, coordination, clock=clock, consumer=consumer)
+        if settings is None:
+            raise CompositionError("the Schedule plugin needs its settings")
+        self.settings = settings
+        self.tools = ScheduleTools(store, coordination, settings, clock)
+        self.bridge = HostBridge(
+            store, coordination, settings, clock=clock, consumer=consumer
+        )
         self.installed: list[str] = []
         self._unsubscribe: Callable[[], None] | None = None
 

@@ -14,12 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
+import redis
 
 from dsh_schedule.host.bridge import Delivery
-from dsh_schedule.host.plugin import AgentHandle, SchedulePlugin, ToolHandler, wall_clock_ms
+from dsh_schedule.host.plugin import AgentHandle, SchedulePlugin, ToolHandler
+from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.outage import Outage
 from dsh_schedule.shared.core.catalog import ToolDefinition
-from dsh_schedule.shared.core.errors import FenceConflict
 from dsh_schedule.shared.core.events import (
     STEP_END,
     STEP_START,
@@ -29,6 +31,8 @@ from dsh_schedule.shared.core.events import (
     NewEvent,
 )
 from dsh_schedule.shared.core.views import ToolResult
+from dsh_schedule.shared.fencing import retry_fenced
+from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
@@ -78,15 +82,19 @@ class ReferenceHost:
         self,
         store: SessionStore,
         coordination: Coordination,
+        settings: Settings,
         *,
-        clock: Callable[[], int] = wall_clock_ms,
+        clock: Clock = wall_clock_ms,
         on_delivery: Callable[[str, Delivery], None] | None = None,
     ) -> None:
         self.store = store
         self.coordination = coordination
+        self.settings = settings
         self.clock = clock
         self.registry = AgentRegistry()
-        self.plugin = SchedulePlugin(store=store, coordination=coordination, clock=clock)
+        self.plugin = SchedulePlugin(
+            store=store, coordination=coordination, settings=settings, clock=clock
+        )
         self.plugin.load(self.registry)
         self.agents: dict[str, Agent] = {}
         self._on_delivery = on_delivery
@@ -153,20 +161,35 @@ class ReferenceHost:
         return delivered
 
     def run(self, stop: threading.Event, *, poll_s: float = 0.05) -> None:
-        """Serve every opened agent until ``stop``: renew leases, deliver followups."""
-        settings = self.coordination.settings
-        next_renew = 0.0
+        """Serve every opened agent until ``stop``: renew leases, deliver followups.
+
+        Through a Redis outage it keeps running: it says once that Redis went away and
+        once that it is back, and renews every lease at once when it is back, so a lease
+        Redis lost is granted again and wakes its agent (docs/architecture.md#outages).
+        """
+        outage = Outage(log, "host")
+        next_renew_ms = 0
         while not stop.is_set():
-            now = self.clock() / 1000
-            if now >= next_renew:
-                self.plugin.renew_leases()
-                next_renew = now + settings.lease_renew_s
-            for session_id in list(self.agents):
-                try:
-                    self.pump(session_id)
-                except Exception:
-                    log.exception("delivering followups for %s failed", session_id)
+            try:
+                if self.clock() >= next_renew_ms:
+                    self.plugin.renew_leases()
+                    next_renew_ms = self.clock() + int(self.settings.lease_renew_s * 1000)
+                self._pump_all()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                next_renew_ms = 0  # renew first thing once Redis is back
+                stop.wait(outage.failed(exc))
+                continue
+            outage.succeeded()
             stop.wait(poll_s)
+
+    def _pump_all(self) -> None:
+        for session_id in list(self.agents):
+            try:
+                self.pump(session_id)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except Exception:
+                log.exception("delivering followups for %s failed", session_id)
 
     def close(self) -> None:
         self.plugin.dispose()
@@ -186,17 +209,14 @@ class ReferenceHost:
 
     def _append(self, session_id: str, events: list[NewEvent]) -> int:
         """Append at the current end (retrying fence conflicts); returns the old length."""
-        for _ in range(8):
-            session = self.store.read(session_id)
-            length = len(session.events)
-            if not events:
-                return length
-            try:
+
+        def attempt(_n: int) -> int:
+            length = len(self.store.read(session_id).events)
+            if events:
                 self.store.append(session_id, events, expected_seq=length)
-                return length
-            except FenceConflict:
-                continue
-        raise RuntimeError("could not append to the session")
+            return length
+
+        return retry_fenced(f"host append to {session_id}", attempt, attempts=8)
 
 
 def _user_message(now: int, text: str, source: dict[str, Any]) -> NewEvent:

@@ -8,20 +8,15 @@ A fence conflict re-reads, re-folds and re-decides; it is not an error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from typing import Any, Final
 
 import redis
 
+from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
-from dsh_schedule.shared.core.errors import (
-    FenceConflict,
-    PersistenceError,
-    ScheduleLogError,
-    ToolError,
-)
+from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
 from dsh_schedule.shared.core.records import CreateChange, DeleteChange, encode_change
@@ -40,13 +35,13 @@ from dsh_schedule.shared.core.views import (
     ok_result,
     schedule_view,
 )
+from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
+from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
 
-FENCE_RETRIES: Final = 4
 CLOSED_MESSAGE: Final = "Schedule is no longer available in this agent; nothing was changed."
-Clock = Callable[[], int]
 
 
 class _Uncertain(Exception):
@@ -73,10 +68,12 @@ class ScheduleTools:
         self,
         store: SessionStore,
         coordination: Coordination,
+        settings: Settings,
         clock: Clock,
     ) -> None:
         self._store = store
         self._coord = coordination
+        self._settings = settings
         self._clock = clock
         self._closed = False
 
@@ -107,8 +104,14 @@ class ScheduleTools:
         except ScheduleLogError as exc:
             log.error("corrupt schedule log for %s: %s", agent, exc)
             return error_result(ToolError("corrupt_schedule_log"))
-        except (LockUnavailable, redis.RedisError):
-            log.warning("coordination unavailable for %s", agent, exc_info=True)
+        except LockUnavailable:
+            log.warning("%s for %s: the agent's lock was busy", tool, agent)
+            return error_result(ToolError("internal_error"))
+        except redis.RedisError as exc:
+            log.warning("%s for %s: Redis unavailable (%s)", tool, agent, type(exc).__name__)
+            return error_result(ToolError("internal_error"))
+        except FenceRetriesExhausted as exc:
+            log.warning("%s for %s: %s", tool, agent, exc)
             return error_result(ToolError("internal_error"))
         except Exception:
             log.exception("unexpected failure in %s for %s", tool, agent)
@@ -118,66 +121,74 @@ class ScheduleTools:
 
     def _create(self, agent: str, args: Any) -> ToolResult:
         request = parse_create_args(args)
-        with self._locked(agent), self._owner(agent) as owner:
-            for _ in range(FENCE_RETRIES):
-                session, state = self._preflight(agent, owner)
-                now = self._clock()
 
-                def zone(session: Session = session) -> str:
-                    return implicit_zone(derive_zone_context(session))
+        def attempt(owner: _Recompute) -> ToolResult:
+            session, state = self._preflight(agent, owner)
+            now = self._clock()
 
-                change = build_create(request, state, now, zone)
-                try:
-                    state = self._append(agent, session, state, change, now)
-                except FenceConflict:
-                    continue
-                self._barrier(agent, change.schedule.id)
-                owner.confirmed(state)
-                return ok_result(schedule_view(change.schedule, state, now))
-        raise RuntimeError("fence conflicts persisted")
+            def zone() -> str:
+                return implicit_zone(derive_zone_context(session))
+
+            change = build_create(request, state, now, zone)
+            state = self._append(agent, session, state, change, now)
+            self._barrier(agent, change.schedule.id)
+            owner.confirmed(state)
+            return ok_result(schedule_view(change.schedule, state, now))
+
+        return self._transaction(agent, "create", attempt)
 
     def _list(self, agent: str, args: Any) -> ToolResult:
         parse_list_args(args)
-        with self._locked(agent), self._owner(agent) as owner:
+
+        def attempt(owner: _Recompute) -> ToolResult:
             _session, state = self._preflight(agent, owner)
             return ok_result(list_value(state, self._clock()))
 
+        return self._transaction(agent, "list", attempt)
+
     def _delete(self, agent: str, args: Any) -> ToolResult:
         schedule_id = parse_delete_args(args)
-        with self._locked(agent), self._owner(agent) as owner:
-            for _ in range(FENCE_RETRIES):
-                session, state = self._preflight(agent, owner)
-                now = self._clock()
-                if state.find(schedule_id) is None:
-                    return ok_result(delete_value(schedule_id, deleted=False))
-                try:
-                    state = self._append(agent, session, state, DeleteChange(id=schedule_id), now)
-                except FenceConflict:
-                    continue
-                self._barrier(agent, schedule_id)
-                owner.confirmed(state)
-                return ok_result(delete_value(schedule_id, deleted=True))
-        raise RuntimeError("fence conflicts persisted")
+
+        def attempt(owner: _Recompute) -> ToolResult:
+            session, state = self._preflight(agent, owner)
+            now = self._clock()
+            if state.find(schedule_id) is None:
+                return ok_result(delete_value(schedule_id, deleted=False))
+            state = self._append(agent, session, state, DeleteChange(id=schedule_id), now)
+            self._barrier(agent, schedule_id)
+            owner.confirmed(state)
+            return ok_result(delete_value(schedule_id, deleted=True))
+
+        return self._transaction(agent, "delete", attempt)
 
     # -- steps ----------------------------------------------------------------------
 
-    def _locked(self, agent: str) -> AbstractContextManager[None]:
-        return self._coord.locks.hold(agent, wait_s=self._coord.settings.tool_lock_wait_s)
-
-    @contextmanager
-    def _owner(self, agent: str) -> Iterator[_Recompute]:
-        """Ask the owner to recompute once, as the transaction ends, from the latest
-        confirmed fold (the preflight's, or the mutation's once its barrier passed)."""
+    def _transaction(
+        self, agent: str, operation: str, attempt: Callable[[_Recompute], ToolResult]
+    ) -> ToolResult:
+        """Run ``attempt`` under the agent's lock, re-deciding on fence conflicts, then ask
+        the owner to recompute. Once an attempt has answered, nothing that fails while
+        finishing (the re-arm, the lock's release) changes the answer: the log already
+        holds what it confirmed (docs/architecture.md#outages)."""
         owner = _Recompute()
+        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+            try:
+                return retry_fenced(f"{operation} for {agent}", lambda _n: attempt(owner))
+            finally:
+                self._recompute(agent, owner)
+
+    def _recompute(self, agent: str, owner: _Recompute) -> None:
+        """Ask the owner to recompute from the latest confirmed fold (the preflight's, or
+        the mutation's once its barrier passed); a failure here is logged, never answered."""
+        if owner.state is None:
+            return
         try:
-            yield owner
-        finally:
-            if owner.state is not None:
-                try:
-                    self._coord.rearm(agent, owner.state, self._clock())
-                except redis.RedisError:
-                    # The answer stands (the log has it); the reconcile pass re-arms.
-                    log.warning("re-arm for %s failed", agent, exc_info=True)
+            self._coord.rearm(agent, owner.state, self._clock())
+        except redis.RedisError as exc:
+            log.warning("re-arm for %s failed (%s); a new lease or the reconcile pass "
+                        "re-arms it", agent, type(exc).__name__)
+        except Exception:
+            log.exception("re-arm for %s failed; the reconcile pass re-arms it", agent)
 
     def _preflight(self, agent: str, owner: _Recompute) -> tuple[Session, FoldState]:
         """Flush, then fold the confirmed log; a successful preflight asks for a recompute."""

@@ -22,14 +22,14 @@ from dsh_schedule.loadtest.sessions import DAY_MS, conversation, write_session
 from dsh_schedule.loadtest.stats import Latency, Progress, cost_ratio, latency, per_second
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import Event
-from dsh_schedule.shared.store.port import encode_event
+from dsh_schedule.shared.store.codec import encode_event
 
 
 def measure_long_session(rt: Runtime, plan: Plan, progress: Progress) -> LongSessionFigure:
     progress.phase("long session", f"{plan.session_calls} creates on sessions of "
                    + ", ".join(f"{n:,}" for n in plan.session_sizes) + " events")
     coord = Coordination(rt.client, rt.settings)
-    tools = ScheduleTools(rt.store, coord, wall_ms)
+    tools = ScheduleTools(rt.store, coord, rt.settings, wall_ms)
     sizes: list[SessionSize] = []
     errors = 0
     for length in plan.session_sizes:

@@ -100,7 +100,7 @@ def _rebuild_until_armed(rt: Runtime, coord: Coordination, n: int,
     key = coord.keys.scheduled_jobs()
     queue = Queue(rt.settings.queue, connection=rt.client)
     watch = Stopwatch()
-    rebuild(coord, now_ms=wall_ms())
+    rebuild(coord, rt.settings, now_ms=wall_ms())
     enqueue = watch.seconds()
 
     def armed() -> bool:

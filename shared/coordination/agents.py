@@ -1,6 +1,8 @@
-"""Everything the host and the workers coordinate through Redis, built from one client.
+"""The Redis coordination of one deployment: every adapter, built from one client.
 
-Redis only coordinates: every key here can be deleted and rebuilt from the session logs.
+Redis only coordinates: every key here can be deleted and rebuilt from the session logs
+(docs/architecture.md#delivery). This is the entry point a host or a process builds once;
+the transactions receive it beside their ``Settings``, which it does not hand out.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ log = logging.getLogger(__name__)
 
 
 class Coordination:
+    """Locks, phase, leases, followups and wakes under one key prefix."""
+
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.client = client
-        self.settings = settings
         self.keys = Keys(settings.prefix)
         self.locks = AgentLocks(client, self.keys, ttl_s=settings.lock_ttl_s)
         self.phase = AgentPhase(client, self.keys)
-        self.leases = Leases(client, self.keys)
+        self.leases = Leases(client, self.keys, default_queue=settings.queue)
         self.followups = Followups(client, self.keys)
         self.wakes = WakeProjection(client, self.keys)
 
@@ -44,43 +47,28 @@ class Coordination:
     def rearm_many(
         self, folds: Sequence[tuple[str, FoldState]], now_ms: int
     ) -> list[str | None]:
-        """``rearm`` for many agents, pipelined; hold every agent's lock."""
-        with self.client.pipeline(transaction=False) as pipe:
-            for agent, _state in folds:
-                pipe.zscore(self.keys.live(), agent)
-                pipe.hget(self.keys.lease_queue(), agent)
-                pipe.get(self.keys.current_wake(agent))
-            replies = pipe.execute()
-        requests: list[ArmRequest] = []
-        positions: list[int] = []
-        for index, (agent, state) in enumerate(folds):
-            expiry, queue, current = replies[3 * index : 3 * index + 3]
-            if expiry is None or expiry < now_ms:
-                continue
-            requests.append(ArmRequest(
-                agent,
-                next_wake_ms(state, now_ms),
-                queue.decode() if isinstance(queue, bytes) else self.settings.queue,
-                current.decode() if isinstance(current, bytes) else None,
-            ))
-            positions.append(index)
-        results: list[str | None] = [None] * len(folds)
-        for index, job_id in zip(positions, self.wakes.arm_many(requests), strict=True):
-            results[index] = job_id
-        return results
+        """``rearm`` for many agents; hold every agent's lock. Each agent's current wake
+        id (None: not live, or nothing to wake for)."""
+        queues = self.leases.live_queues([agent for agent, _state in folds], now_ms=now_ms)
+        requests = [
+            ArmRequest(agent, next_wake_ms(state, now_ms), queues[agent])
+            for agent, state in folds
+            if agent in queues
+        ]
+        armed = dict(zip((r.agent for r in requests), self.wakes.arm_many(requests), strict=True))
+        return [armed.get(agent) for agent, _state in folds]
 
     def trigger(self, agent: str) -> None:
         """Enqueue an immediate wake on the agent's queue."""
-        queue = self.leases.queue_of(agent) or self.settings.queue
-        self.wakes.trigger(agent, queue)
+        self.wakes.trigger(agent, self.leases.queue_of(agent))
 
-    def forget_agent(self, agent: str) -> None:
+    def forget_agent(self, agent: str, *, lock_wait_s: float) -> None:
         """Drop everything Redis holds for an agent; its session log keeps every record.
 
         Takes the agent's lock, so no transaction is half-way through. Never touches the
         log: disposal appends no delete records.
         """
-        with self.locks.hold(agent, wait_s=self.settings.tool_lock_wait_s):
+        with self.locks.hold(agent, wait_s=lock_wait_s):
             self.wakes.cancel(agent)
             self.leases.drop(agent)
             self.phase.forget(agent)

@@ -30,9 +30,12 @@ return 0
 
 
 class Leases:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    """Leases under one prefix; an agent whose lease names no queue uses ``default_queue``."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, *, default_queue: str) -> None:
         self._client = client
         self._keys = keys
+        self._default_queue = default_queue
         self._grant = client.register_script(_GRANT)
 
     def grant(self, agent: str, queue: str, *, now_ms: int, ttl_s: float) -> bool:
@@ -59,16 +62,36 @@ class Leases:
         return [a for a, score in zip(agents, scores, strict=True)
                 if score is not None and score >= now_ms]
 
-    def queue_of(self, agent: str) -> str | None:
-        value = self._client.hget(self._keys.lease_queue(), agent)
-        return value.decode() if isinstance(value, bytes) else None
+    def live_queues(self, agents: Sequence[str], *, now_ms: int) -> dict[str, str]:
+        """The queue of each agent of ``agents`` that holds a valid lease, in one round
+        trip; agents without a valid lease are left out."""
+        if not agents:
+            return {}
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.zscore(self._keys.live(), agent)
+                pipe.hget(self._keys.lease_queue(), agent)
+            replies = pipe.execute()
+        found: dict[str, str] = {}
+        for index, agent in enumerate(agents):
+            score, queue = replies[2 * index], replies[2 * index + 1]
+            if score is not None and score >= now_ms:
+                found[agent] = self._queue(queue)
+        return found
 
-    def queues_of(self, agents: list[str]) -> list[str | None]:
+    def queue_of(self, agent: str) -> str:
+        """The queue beside the agent's session store (the default when none is known)."""
+        return self._queue(self._client.hget(self._keys.lease_queue(), agent))
+
+    def queues_of(self, agents: list[str]) -> list[str]:
         """``queue_of`` for many agents in one round trip."""
         if not agents:
             return []
         values: list[Any] = self._client.hmget(self._keys.lease_queue(), agents)
-        return [v.decode() if isinstance(v, bytes) else None for v in values]
+        return [self._queue(v) for v in values]
+
+    def _queue(self, value: object) -> str:
+        return value.decode() if isinstance(value, bytes) else self._default_queue
 
     def live_agents(self, *, now_ms: int) -> list[str]:
         members: list[Any] = self._client.zrangebyscore(self._keys.live(), now_ms, "+inf")

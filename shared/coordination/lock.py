@@ -9,6 +9,7 @@ lock expired while it was paused cannot slip a stale decision into the log.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +18,8 @@ from redis.exceptions import LockError
 
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.errors import ScheduleError
+
+log = logging.getLogger(__name__)
 
 
 class LockUnavailable(ScheduleError):
@@ -40,7 +43,9 @@ class AgentLocks:
         """Hold the agent's lock for the block; LockUnavailable after ``wait_s``.
 
         A release that finds the lock already expired or taken over is not an error:
-        the fenced append has already protected the log.
+        the fenced append has already protected the log. A release that cannot reach
+        Redis is not one either: the lock expires by its TTL, and whatever the block
+        confirmed stays confirmed.
         """
         lock = self._client.lock(
             self._keys.lock(agent),
@@ -59,3 +64,6 @@ class AgentLocks:
                 lock.release()
             except LockError:
                 pass
+            except redis.RedisError as exc:
+                log.warning("lock of %s not released (%s); it expires in %g s",
+                            agent, type(exc).__name__, self._ttl_s)

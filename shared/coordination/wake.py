@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
+import msgspec
 import redis
 from redis.client import Pipeline
 from rq import Queue
@@ -32,7 +33,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"rq_sched
 log = logging.getLogger(__name__)
 
 WAKE_FUNC: Final = "dsh_schedule.worker.job.wake"
-WAKE_MANY_FUNC: Final = "dsh_schedule.worker.job.wake_many"
+WAKE_BATCH_FUNC: Final = "dsh_schedule.worker.job.wake_batch"
 WAKE_BATCH: Final = 100
 MOVE_BATCH: Final = 25
 WAKE_TIMEOUT_S: Final = 120
@@ -53,7 +54,7 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self.scheduler_key = keys.scheduler()
         self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
         self.moved = 0
-        self._batches: dict[str, list[list[Any]]] = {}
+        self._batches: dict[str, list[ScheduledWake]] = {}
         self._take = self.connection.register_script(_UNSCHEDULE)
 
     def enqueue_jobs(self) -> Any:
@@ -70,7 +71,8 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
             return
         # Only the pass that takes the wake out of the schedule hands it on.
         if self._take(keys=[self.scheduled_jobs_key, job.key], args=[job.id]):
-            self._batches.setdefault(job.origin, []).append(list(job.args))
+            agent, target_ms = job.args
+            self._batches.setdefault(job.origin, []).append(ScheduledWake(agent, target_ms))
             self.moved += 1
 
     def flush_batches(self) -> None:
@@ -80,16 +82,10 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
             return
         with self.connection.pipeline() as pipe:
             for queue_name, items in batches.items():
-                items.sort(key=lambda item: (item[1] is not None, item[1] or 0))
+                items.sort(key=lambda wake: wake.target_ms)
                 chunks = [items[i : i + MOVE_BATCH] for i in range(0, len(items), MOVE_BATCH)]
                 Queue(queue_name, connection=self.connection).enqueue_many(
-                    [
-                        Queue.prepare_data(
-                            WAKE_MANY_FUNC, args=(chunk,), result_ttl=0,
-                            timeout=WAKE_TIMEOUT_S * 10,
-                        )
-                        for chunk in chunks
-                    ],
+                    [_batch_job(DueWakes(wakes=tuple(chunk))) for chunk in chunks],
                     pipeline=pipe,
                 )
             pipe.execute()
@@ -107,13 +103,53 @@ return 0
 """
 
 
+def _batch_job(batch: WakeBatch) -> Any:
+    """The rq enqueue data of a ``wake_batch`` job."""
+    return Queue.prepare_data(
+        WAKE_BATCH_FUNC, args=(batch_payload(batch),), result_ttl=0, timeout=WAKE_TIMEOUT_S * 10
+    )
+
+
 class ArmRequest(NamedTuple):
-    """One agent's wake to arm: its target (None: no wake), queue and current wake id."""
+    """One agent's wake to arm: its target (None: no wake) and its queue."""
 
     agent: str
     target_ms: int | None
     queue: str
-    previous: str | None
+
+
+class ScheduledWake(msgspec.Struct, frozen=True, array_like=True):
+    """A scheduled wake the mover handed on: the agent and the target it was armed for."""
+
+    agent: str
+    target_ms: int
+
+
+class DueWakes(msgspec.Struct, frozen=True, tag="due"):
+    """The mover's batch: scheduled wakes that came due, each handled on its own."""
+
+    wakes: tuple[ScheduledWake, ...]
+
+
+class ImmediateWakes(msgspec.Struct, frozen=True, tag="immediate"):
+    """A rebuild's batch: live agents woken now, decided together."""
+
+    agents: tuple[str, ...]
+
+
+WakeBatch = DueWakes | ImmediateWakes
+
+
+def batch_payload(batch: WakeBatch) -> dict[str, Any]:
+    """The rq job argument for a batch (plain JSON-able data, tagged by kind)."""
+    payload: dict[str, Any] = msgspec.to_builtins(batch)
+    return payload
+
+
+def decode_batch(payload: Any) -> WakeBatch:
+    """The batch of a ``wake_batch`` job; ``msgspec.ValidationError`` when malformed."""
+    batch: WakeBatch = msgspec.convert(payload, type=WakeBatch)
+    return batch
 
 
 def wake_job_id(agent: str, target_ms: int) -> str:
@@ -137,64 +173,69 @@ class WakeProjection:
 
     def arm(self, agent: str, target_ms: int | None, queue: str) -> str | None:
         """Make ``target_ms`` the agent's one current wake (None: no wake). Hold the lock."""
-        request = ArmRequest(agent, target_ms, queue, self.current(agent))
-        return self.arm_many([request])[0]
+        return self.arm_many([ArmRequest(agent, target_ms, queue)])[0]
 
     def arm_many(self, requests: Sequence[ArmRequest]) -> list[str | None]:
         """``arm`` for many agents in one read and one write round trip; hold every
         agent's lock. Returns each agent's current wake id (None: no wake)."""
         with self._client.pipeline(transaction=False) as pipe:
             for r in requests:
+                pipe.get(self._keys.current_wake(r.agent))
+            current = [v.decode() if isinstance(v, bytes) else None for v in pipe.execute()]
+        with self._client.pipeline(transaction=False) as pipe:
+            for r, previous in zip(requests, current, strict=True):
                 if r.target_ms is not None:
                     base = wake_job_id(r.agent, r.target_ms)
                     pipe.exists(Job.key_for(base))
-                    pipe.zscore(self.scheduler.scheduled_jobs_key, r.previous or base)
+                    pipe.zscore(self.scheduler.scheduled_jobs_key, previous or base)
             facts = iter(pipe.execute())
         results: list[str | None] = []
         with self._client.pipeline() as pipe:
-            for r in requests:
+            for r, previous in zip(requests, current, strict=True):
                 if r.target_ms is None:
-                    self._retire(r.agent, r.previous, pipe)
+                    self._retire(r.agent, previous, pipe)
                     results.append(None)
                     continue
                 job_id = wake_job_id(r.agent, r.target_ms)
                 taken, previous_score = next(facts), next(facts)
                 if (
-                    r.previous is not None
-                    and (r.previous == job_id or r.previous.startswith(f"{job_id}_"))
+                    previous is not None
+                    and (previous == job_id or previous.startswith(f"{job_id}_"))
                     and previous_score is not None
                 ):
-                    results.append(r.previous)  # already armed for this second
+                    results.append(previous)  # already armed for this second
                     continue
                 if taken:
                     # Queued, running or failed under this id: never re-schedule it.
                     job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
-                self._schedule(r, job_id, pipe)
+                self._schedule(r.agent, r.target_ms, r.queue, job_id, previous, pipe)
                 results.append(job_id)
             pipe.execute()
         return results
 
-    def _schedule(self, r: ArmRequest, job_id: str, pipe: Pipeline) -> None:
+    def _schedule(
+        self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
+        pipe: Pipeline,
+    ) -> None:
         """What rq-scheduler's ``enqueue_at`` writes (a scheduled rq job and its whole-
         second score), plus the current-wake pointer and the superseded wake's removal."""
-        assert r.target_ms is not None
         job = Job.create(
             WAKE_FUNC,
-            args=(r.agent, r.target_ms),
+            args=(agent, target_ms),
             connection=self._client,
             result_ttl=0,
             ttl=None,
             id=job_id,
             timeout=WAKE_TIMEOUT_S,
             status=JobStatus.SCHEDULED,
-            origin=r.queue,
+            origin=queue,
         )
         job.save(pipeline=pipe)
-        pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: r.target_ms // 1000})
-        pipe.set(self._keys.current_wake(r.agent), job_id)
-        if r.previous is not None and r.previous != job_id:
-            self._unschedule(r.previous, pipe)
-        log.debug("armed %s for %s at %d", job_id, r.agent, r.target_ms)
+        pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: target_ms // 1000})
+        pipe.set(self._keys.current_wake(agent), job_id)
+        if previous is not None and previous != job_id:
+            self._unschedule(previous, pipe)
+        log.debug("armed %s for %s at %d", job_id, agent, target_ms)
 
     def trigger(self, agent: str, queue: str) -> None:
         """Enqueue an immediate wake; the wake decides everything under the lock."""
@@ -211,13 +252,7 @@ class WakeProjection:
                 queue = Queue(queue_name, connection=self._client)
                 batches = [agents[i : i + WAKE_BATCH] for i in range(0, len(agents), WAKE_BATCH)]
                 queue.enqueue_many(
-                    [
-                        Queue.prepare_data(
-                            WAKE_MANY_FUNC, args=(batch,), result_ttl=0,
-                            timeout=WAKE_TIMEOUT_S * 10,
-                        )
-                        for batch in batches
-                    ],
+                    [_batch_job(ImmediateWakes(agents=tuple(batch))) for batch in batches],
                     pipeline=pipe,
                 )
                 jobs += len(batches)

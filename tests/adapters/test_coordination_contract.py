@@ -19,6 +19,7 @@ from dsh_schedule.shared.coordination.wake import WAKE_FUNC, wake_job_id
 from dsh_schedule.shared.core.fold import EMPTY, FoldState
 from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.core.records import AtSchedule
+from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
@@ -75,23 +76,23 @@ def test_rearm_with_something_overdue_arms_now(coordination: Coordination) -> No
 
 
 def test_trigger_uses_the_lease_queue_and_falls_back_to_the_configured_one(
-    coordination: Coordination, redis_client: redis.Redis
+    coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     # without a lease: the configured queue
     coordination.trigger(AGENT)
-    assert len(queued(redis_client, coordination.settings.queue)) == 1
+    assert len(queued(redis_client, settings.queue)) == 1
     # with a lease: the queue it names
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
     coordination.trigger(AGENT)
     assert len(queued(redis_client, "beside-the-store")) == 1
-    assert len(queued(redis_client, coordination.settings.queue)) == 1
+    assert len(queued(redis_client, settings.queue)) == 1
 
 
 def test_every_key_of_every_port_is_under_the_prefix(
-    coordination: Coordination, redis_client: redis.Redis
+    coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     # given every port used for one agent
-    keys, queue = coordination.keys, coordination.settings.queue
+    keys, queue = coordination.keys, settings.queue
     coordination.leases.grant(AGENT, queue, now_ms=T0, ttl_s=LEASE_S)
     assert coordination.phase.claim_turn(AGENT, "t1", 10.0)
     assert not coordination.phase.claim_maintenance(AGENT, "m1", 10.0)

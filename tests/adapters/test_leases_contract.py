@@ -13,6 +13,7 @@ from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 QUEUE = "queue-a"
+DEFAULT_QUEUE = "queue-default"
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
 TTL_S = 60.0
 EXPIRY = T0 + 60_000
@@ -25,7 +26,7 @@ def keys(settings: Settings) -> Keys:
 
 @pytest.fixture
 def leases(redis_client: redis.Redis, keys: Keys) -> Leases:
-    return Leases(redis_client, keys)
+    return Leases(redis_client, keys, default_queue=DEFAULT_QUEUE)
 
 
 def group_names(client: redis.Redis, keys: Keys, agent: str = AGENT) -> list[str]:
@@ -71,7 +72,8 @@ def test_an_unknown_agent_is_neither_live_nor_expired(leases: Leases) -> None:
     assert leases.is_live(AGENT, now_ms=T0) is False
     assert leases.live_agents(now_ms=T0) == []
     assert leases.expired_agents(now_ms=T0) == []
-    assert leases.queue_of(AGENT) is None
+    assert leases.queue_of(AGENT) == DEFAULT_QUEUE
+    assert leases.live_queues([AGENT], now_ms=T0) == {}
 
 
 def test_the_lease_records_the_queue_and_a_renewal_moves_it(leases: Leases) -> None:
@@ -79,6 +81,9 @@ def test_the_lease_records_the_queue_and_a_renewal_moves_it(leases: Leases) -> N
     leases.grant("agent-2", "queue-b", now_ms=T0, ttl_s=TTL_S)
     assert leases.queue_of(AGENT) == QUEUE
     assert leases.queue_of("agent-2") == "queue-b"
+    assert leases.live_queues([AGENT, "agent-2", "agent-3"], now_ms=T0) == {
+        AGENT: QUEUE, "agent-2": "queue-b"
+    }
     leases.grant(AGENT, "queue-c", now_ms=T0 + 1_000, ttl_s=TTL_S)
     assert leases.queue_of(AGENT) == "queue-c"
 
@@ -88,7 +93,7 @@ def test_drop_forgets_the_lease_and_its_queue(leases: Leases) -> None:
     leases.grant("agent-2", QUEUE, now_ms=T0, ttl_s=TTL_S)
     leases.drop(AGENT)
     assert leases.is_live(AGENT, now_ms=T0) is False
-    assert leases.queue_of(AGENT) is None
+    assert leases.queue_of(AGENT) == DEFAULT_QUEUE
     assert leases.live_agents(now_ms=T0) == ["agent-2"]
     assert leases.expired_agents(now_ms=EXPIRY + 1) == ["agent-2"]
     # and a later grant is new again

@@ -17,9 +17,11 @@ from rq.job import Job
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.wake import (
     MOVE_BATCH,
+    WAKE_BATCH_FUNC,
     WAKE_FUNC,
-    WAKE_MANY_FUNC,
+    DueWakes,
     WakeProjection,
+    decode_batch,
     wake_job_id,
 )
 from dsh_schedule.shared.settings import Settings
@@ -171,8 +173,10 @@ def handed_on(client: redis.Redis, queue: str) -> list[tuple[str, int]]:
     """The (agent, target) wakes the mover handed to ``queue``, in order."""
     items: list[tuple[str, int]] = []
     for job in Queue(queue, connection=client).jobs:
-        assert (job.func_name, job.result_ttl) == (WAKE_MANY_FUNC, 0)
-        items.extend((agent, target) for agent, target in job.args[0])
+        assert (job.func_name, job.result_ttl) == (WAKE_BATCH_FUNC, 0)
+        batch = decode_batch(job.args[0])
+        assert isinstance(batch, DueWakes)
+        items.extend((wake.agent, wake.target_ms) for wake in batch.wakes)
     return items
 
 
@@ -220,7 +224,7 @@ def test_move_due_hands_a_wake_to_its_own_queue_in_batches(
     wakes.arm("theirs", T1, "elsewhere")
     assert wakes.move_due(T1) == len(agents) + 1
     jobs = Queue(queue, connection=redis_client).jobs
-    assert [len(job.args[0]) for job in jobs] == [MOVE_BATCH, 5]
+    assert [len(job.args[0]["wakes"]) for job in jobs] == [MOVE_BATCH, 5]
     assert handed_on(redis_client, queue) == [(a, T1 - i) for i, a in enumerate(agents)][::-1]
     assert handed_on(redis_client, "elsewhere") == [("theirs", T1)]
 

@@ -25,7 +25,7 @@ from dsh_schedule.shared.settings import Settings
 
 root, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 settings = Settings.from_env({}, sessions=root, redis_url=url, prefix="conc-test:")
-tools = ScheduleTools(JsonlStore(root), Coordination(redis.Redis.from_url(url), settings),
+tools = ScheduleTools(JsonlStore(root), Coordination(redis.Redis.from_url(url), settings), settings,
                       lambda: time.time_ns() // 1_000_000)
 ids = []
 for i in range(n):

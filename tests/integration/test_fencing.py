@@ -60,7 +60,8 @@ def test_expired_tool_holder_is_refused_and_re_decides(
     store = PausingStore("create")
     session = new_session(store)
     clock = FakeClock()
-    tools = ScheduleTools(store, Coordination(redis_client, _short_lock(settings)), clock)
+    quick = _short_lock(settings)
+    tools = ScheduleTools(store, Coordination(redis_client, quick), quick, clock)
     results: list[str] = []
     paused = threading.Thread(
         name="paused",

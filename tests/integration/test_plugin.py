@@ -10,6 +10,7 @@ from dsh_schedule.host.plugin import CompositionError, SchedulePlugin
 from dsh_schedule.host.reference import Agent, AgentRegistry
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
+from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, new_session, value
 
@@ -20,21 +21,25 @@ def store() -> MemoryStore:
 
 
 def test_a_missing_service_is_a_composition_error(
-    store: MemoryStore, coordination: Coordination
+    store: MemoryStore, coordination: Coordination, settings: Settings
 ) -> None:
     with pytest.raises(CompositionError):
-        SchedulePlugin(store=None, coordination=coordination)
+        SchedulePlugin(store=None, coordination=coordination, settings=settings)
     with pytest.raises(CompositionError):
-        SchedulePlugin(store=store, coordination=None)
+        SchedulePlugin(store=store, coordination=None, settings=settings)
+    with pytest.raises(CompositionError):
+        SchedulePlugin(store=store, coordination=coordination, settings=None)
 
 
 def test_only_root_agents_created_after_loading_receive_schedule(
-    store: MemoryStore, coordination: Coordination
+    store: MemoryStore, coordination: Coordination, settings: Settings
 ) -> None:
     registry = AgentRegistry()
     early = Agent("early")
     registry.publish(early)  # existed before the plugin loaded
-    plugin = SchedulePlugin(store=store, coordination=coordination, clock=FakeClock())
+    plugin = SchedulePlugin(
+        store=store, coordination=coordination, settings=settings, clock=FakeClock()
+    )
     plugin.load(registry)
     root, child = Agent("root"), Agent("root/child", is_root=False)
     for agent in (root, child):
@@ -46,11 +51,11 @@ def test_only_root_agents_created_after_loading_receive_schedule(
 
 
 def test_disposal_stops_new_work_cancels_the_wake_and_appends_nothing(
-    store: MemoryStore, coordination: Coordination, redis_client: redis.Redis
+    store: MemoryStore, coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     clock = FakeClock()
     registry = AgentRegistry()
-    plugin = SchedulePlugin(store=store, coordination=coordination, clock=clock)
+    plugin = SchedulePlugin(store=store, coordination=coordination, settings=settings, clock=clock)
     plugin.load(registry)
     agent = Agent("s1")
     new_session(store, "s1")
@@ -79,14 +84,16 @@ def test_disposal_stops_new_work_cancels_the_wake_and_appends_nothing(
 
 
 def test_disposal_of_one_agent_failing_spares_the_others(
-    store: MemoryStore, coordination: Coordination, redis_client: redis.Redis
+    store: MemoryStore, coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     import msgspec
 
-    quick = Coordination(redis_client, msgspec.structs.replace(
-        coordination.settings, tool_lock_wait_s=0.1))
+    quick_settings = msgspec.structs.replace(settings, tool_lock_wait_s=0.1)
+    quick = Coordination(redis_client, quick_settings)
     registry = AgentRegistry()
-    plugin = SchedulePlugin(store=store, coordination=quick, clock=FakeClock())
+    plugin = SchedulePlugin(
+        store=store, coordination=quick, settings=quick_settings, clock=FakeClock()
+    )
     plugin.load(registry)
     for name in ("stuck", "fine"):
         new_session(store, name)
@@ -95,5 +102,5 @@ def test_disposal_of_one_agent_failing_spares_the_others(
     assert held.acquire(blocking=False)
     plugin.dispose()
     held.release()
-    assert quick.leases.queue_of("fine") is None
-    assert quick.leases.queue_of("stuck") is not None  # its lease will run out
+    assert redis_client.hget(quick.keys.lease_queue(), "fine") is None
+    assert redis_client.hget(quick.keys.lease_queue(), "stuck") is not None  # runs out

@@ -34,8 +34,10 @@ def store() -> MemoryStore:
 
 
 @pytest.fixture
-def tools(store: MemoryStore, coordination: Coordination, clock: FakeClock) -> ScheduleTools:
-    return ScheduleTools(store, coordination, clock)
+def tools(
+    store: MemoryStore, coordination: Coordination, settings: Settings, clock: FakeClock
+) -> ScheduleTools:
+    return ScheduleTools(store, coordination, settings, clock)
 
 
 def test_create_list_delete_and_ids_are_never_reused(
@@ -111,14 +113,14 @@ def test_failed_barrier_carries_the_id_and_a_later_list_confirms_it(
 
 
 def test_corrupt_log_answers_corrupt_schedule_log_for_every_tool(
-    tmp_path: Path, coordination: Coordination, clock: FakeClock
+    tmp_path: Path, coordination: Coordination, clock: FakeClock, settings: Settings
 ) -> None:
     store = JsonlStore(tmp_path)
     session = new_session(store)
     path = next(tmp_path.glob("*.jsonl"))
     append_raw_line(path, {"type": SCHEDULE_CHANGE, "seq": 0, "time": 0,
                            "data": {"version": 1, "operation": "delete", "id": "schedule-9"}})
-    tools = ScheduleTools(JsonlStore(tmp_path), coordination, clock)
+    tools = ScheduleTools(JsonlStore(tmp_path), coordination, settings, clock)
     for tool, args in [
         ("schedule_create", {"prompt": "x", "after_seconds": 60}),
         ("schedule_list", {}),
@@ -180,14 +182,14 @@ def test_omitted_zone_is_accepted_when_header_and_single_client_zone_agree(
 
 
 def test_lock_held_elsewhere_answers_internal_error_and_changes_nothing(
-    store: MemoryStore, coordination: Coordination, clock: FakeClock, redis_client: redis.Redis
+    store: MemoryStore, coordination: Coordination, clock: FakeClock, redis_client: redis.Redis,
+    settings: Settings,
 ) -> None:
     session = new_session(store)
     other = redis_client.lock(coordination.keys.lock(session), timeout=30, thread_local=False)
     assert other.acquire(blocking=False)
-    tools = ScheduleTools(
-        store, Coordination(redis_client, _short_wait(coordination.settings)), clock
-    )
+    quick = _short_wait(settings)
+    tools = ScheduleTools(store, Coordination(redis_client, quick), quick, clock)
     result = tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60})
     other.release()
     got = value(result.content)
@@ -200,7 +202,7 @@ def test_redis_down_answers_internal_error(store: MemoryStore, clock: FakeClock,
                                            settings: Settings) -> None:
     session = new_session(store)
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
-    tools = ScheduleTools(store, Coordination(dead, settings), clock)
+    tools = ScheduleTools(store, Coordination(dead, settings), settings, clock)
     got = value(tools.call(session, "schedule_list", {}).content)
     assert got["code"] == "internal_error"
     assert store.read(session).events == ()
