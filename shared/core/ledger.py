@@ -15,9 +15,8 @@ import msgspec
 
 from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, Event, Session
-from dsh_schedule.shared.core.fold import EMPTY, _Folding, apply_change, occurrence_at
-from dsh_schedule.shared.core.instant import format_instant, parse_instant
-from dsh_schedule.shared.core.records import DispatchChange, EverySchedule, decode_change
+from dsh_schedule.shared.core.records import decode_change
+from dsh_schedule.shared.core.replay import Replay
 
 SOURCE_PLUGIN: Final = "tool-schedule"
 
@@ -30,10 +29,14 @@ class Pair(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DispatchGroup(msgspec.Struct, frozen=True, kw_only=True):
-    """Dispatches delivered as one message: a one-shot alone, or one recurring batch."""
+    """Dispatches delivered as one message: a one-shot alone, or one recurring batch.
+
+    ``accepted_at`` is the batch's ``acceptedAt``; None for a one-shot.
+    """
 
     seqs: tuple[int, ...]
     pairs: tuple[Pair, ...]
+    accepted_at: str | None = None
 
 
 def reminder_source(pairs: Iterable[Pair]) -> dict[str, Any]:
@@ -54,7 +57,7 @@ class Ledger:
         self.groups: list[DispatchGroup] = []
         self._group_of: dict[Pair, int] = {}
         self._pending: set[int] = set()
-        self._folding = _Folding(EMPTY)
+        self._replay = Replay()
         self._batch_at: str | None = None
 
     def extend(self, events: Iterable[Event]) -> Ledger:
@@ -86,28 +89,21 @@ class Ledger:
         return set(self.groups[index].pairs) == wanted
 
     def _change(self, event: Event) -> None:
-        change = decode_change(event.data)
-        if isinstance(change, DispatchChange):
-            record = self._folding.active.get(change.id)
-            if record is None:
-                raise ScheduleLogError(f"dispatch of inactive schedule id {change.id!r}")
-            if isinstance(record, EverySchedule):
-                assert change.acceptedAt is not None
-                occurrence = occurrence_at(record, parse_instant(change.acceptedAt))
-                pair = Pair(scheduleId=change.id, occurrenceAt=format_instant(occurrence))
-                self._add(event.seq, pair, batch=change.acceptedAt)
-            else:
-                self._add(event.seq, Pair(scheduleId=change.id, occurrenceAt=record.scheduledAt))
-        else:
+        delivery = self._replay.apply(decode_change(event.data))
+        if delivery is None:
             self._batch_at = None
-        apply_change(self._folding, change)
+            return
+        pair = Pair(scheduleId=delivery.record.id, occurrenceAt=delivery.occurrence_at)
+        self._add(event.seq, pair, delivery.accepted_at)
 
-    def _add(self, seq: int, pair: Pair, batch: str | None = None) -> None:
+    def _add(self, seq: int, pair: Pair, batch: str | None) -> None:
         if batch is not None and batch == self._batch_at and self.groups:
             last = self.groups[-1]
-            self.groups[-1] = DispatchGroup(seqs=(*last.seqs, seq), pairs=(*last.pairs, pair))
+            self.groups[-1] = DispatchGroup(
+                seqs=(*last.seqs, seq), pairs=(*last.pairs, pair), accepted_at=batch
+            )
         else:
-            self.groups.append(DispatchGroup(seqs=(seq,), pairs=(pair,)))
+            self.groups.append(DispatchGroup(seqs=(seq,), pairs=(pair,), accepted_at=batch))
             self._pending.add(len(self.groups) - 1)
         self._group_of[pair] = len(self.groups) - 1
         self._batch_at = batch

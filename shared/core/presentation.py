@@ -16,18 +16,16 @@ import msgspec
 
 from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event
-from dsh_schedule.shared.core.fold import advance_every, occurrence_at
-from dsh_schedule.shared.core.instant import format_instant, parse_instant
 from dsh_schedule.shared.core.ledger import Ledger
 from dsh_schedule.shared.core.records import (
     Change,
     CreateChange,
     DeleteChange,
     DispatchChange,
-    EverySchedule,
     Schedule,
     decode_change,
 )
+from dsh_schedule.shared.core.replay import Delivery, deliver
 
 RECEIPT_LABEL: Final = "session-local"
 
@@ -74,9 +72,15 @@ def reminder_presentation(
     record = _replay(created, between)
     if record is None:
         raise ScheduleLogError(f"dispatch of inactive schedule id {dispatch.id!r}", dispatch_seq)
-    occurrence = _occurrence(record, dispatch, dispatch_seq)
+    return delivery_presentation(_deliver(record, dispatch, dispatch_seq))
+
+
+def delivery_presentation(delivery: Delivery) -> Presentation:
+    """What a receipt shows of one delivery: the record's id and prompt as dispatched,
+    and the occurrence delivered."""
+    record = delivery.record
     return Presentation(
-        scheduleId=record.id, prompt=record.prompt, occurrenceAt=format_instant(occurrence)
+        scheduleId=record.id, prompt=record.prompt, occurrenceAt=delivery.occurrence_at
     )
 
 
@@ -138,28 +142,14 @@ def _replay(
             raise ScheduleLogError(f"{change.operation} of inactive schedule id {change.id!r}", seq)
         if isinstance(change, DeleteChange):
             current = None
-        elif isinstance(current, EverySchedule):
-            current = advance_every(current, _accepted_ms(current, change, seq))
         else:
-            _occurrence(current, change, seq)
-            current = None
+            current = _deliver(current, change, seq).following
     return current
 
 
-def _occurrence(record: Schedule, dispatch: DispatchChange, seq: int) -> int:
-    """The occurrence ``dispatch`` delivered for ``record`` (the record as of then)."""
-    if isinstance(record, EverySchedule):
-        return occurrence_at(record, _accepted_ms(record, dispatch, seq))
-    if dispatch.acceptedAt is not None:
-        raise ScheduleLogError("one-shot dispatch carries acceptedAt", seq)
-    return parse_instant(record.scheduledAt)
-
-
-def _accepted_ms(record: EverySchedule, dispatch: DispatchChange, seq: int) -> int:
-    """A recurring dispatch's ``acceptedAt``, which must be present and not before the target."""
-    if dispatch.acceptedAt is None:
-        raise ScheduleLogError("recurring dispatch lacks acceptedAt", seq)
-    accepted = parse_instant(dispatch.acceptedAt)
-    if accepted < parse_instant(record.scheduledAt):
-        raise ScheduleLogError("recurring dispatch accepted before its target", seq)
-    return accepted
+def _deliver(record: Schedule, dispatch: DispatchChange, seq: int) -> Delivery:
+    """``deliver``, its ScheduleLogError carrying the dispatch's ``seq``."""
+    try:
+        return deliver(record, dispatch)
+    except ScheduleLogError as exc:
+        raise ScheduleLogError(exc.reason, seq) from None

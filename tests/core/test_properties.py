@@ -1,6 +1,6 @@
-"""The algebra of the core (docs/architecture.md#testing): round trips, fold composition,
-anchor alignment,
-and that every log an owner produces passes the invariant."""
+"""The algebra of the core (docs/architecture.md#replay-rules): round trips, fold
+composition, anchor alignment, that every log an owner produces passes the invariant, and
+that re-projection renders every frame the owner planned."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dsh_schedule.shared.core.dispatch import DispatchPlan, group_frame, plan_dispatch
 from dsh_schedule.shared.core.due import (
     DispatchBatch,
     DispatchOne,
@@ -18,7 +19,13 @@ from dsh_schedule.shared.core.due import (
     due_decision,
     next_wake_ms,
 )
-from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, Event
+from dsh_schedule.shared.core.events import (
+    SCHEDULE_CHANGE,
+    USER_MESSAGE,
+    Event,
+    Session,
+    SessionHeader,
+)
 from dsh_schedule.shared.core.fold import (
     EMPTY,
     FoldState,
@@ -34,6 +41,7 @@ from dsh_schedule.shared.core.instant import (
     format_instant,
     parse_instant,
 )
+from dsh_schedule.shared.core.ledger import Ledger
 from dsh_schedule.shared.core.presentation import own_dispatch_batches, reminder_presentation
 from dsh_schedule.shared.core.records import (
     MAX_EVERY_SECONDS,
@@ -101,6 +109,7 @@ class Owner:
     state: FoldState = EMPTY
     anchors: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (anchor, P ms)
     occurrences: dict[int, int] = field(default_factory=dict)  # dispatch seq -> occurrence
+    plans: dict[tuple[int, ...], DispatchPlan] = field(default_factory=dict)  # by dispatch seqs
 
     def append(self, data: Any, event_type: str = SCHEDULE_CHANGE) -> int:
         seq = self.first_seq + len(self.events)
@@ -131,19 +140,26 @@ class Owner:
     def wake(self) -> None:
         """The due transaction: dispatch until nothing is due at this ``now``."""
         while not isinstance(decision := due_decision(self.state, self.now), Wait):
+            plan = plan_dispatch(decision)
+            first = self.first_seq + len(self.events)
             if isinstance(decision, DispatchOne):
                 record = decision.record
                 seq = self.append({"version": 1, "operation": "dispatch", "id": record.id})
                 self.occurrences[seq] = parse_instant(record.scheduledAt)
-                continue
-            assert isinstance(decision, DispatchBatch)
-            accepted = format_instant(decision.accepted_ms)
-            for every in decision.records:
-                seq = self.append(
-                    {"version": 1, "operation": "dispatch", "id": every.id, "acceptedAt": accepted}
-                )
-                anchor, period = self.anchors[every.id]
-                self.occurrences[seq] = anchor + (self.now - anchor) // period * period
+            else:
+                accepted = format_instant(decision.accepted_ms)
+                for every in decision.records:
+                    seq = self.append(
+                        {"version": 1, "operation": "dispatch", "id": every.id,
+                         "acceptedAt": accepted}
+                    )
+                    anchor, period = self.anchors[every.id]
+                    self.occurrences[seq] = anchor + (self.now - anchor) // period * period
+            seqs = tuple(range(first, self.first_seq + len(self.events)))
+            assert [encode_change(c) for c in plan.changes] == [
+                self.events[s - self.first_seq].data for s in seqs
+            ]
+            self.plans[seqs] = plan
 
     def sleep(self, lateness: int) -> None:
         """Wake at the next decision time, ``lateness`` ms late (early when negative)."""
@@ -264,6 +280,23 @@ def test_receipts_name_the_occurrence_each_dispatch_delivered(owner: Owner) -> N
     # and the delivered batches cover every dispatch once, in log order
     batches = own_dispatch_batches(owner.events, 0)
     assert [seq for batch in batches for seq in batch] == sorted(owner.occurrences)
+
+
+@PROPERTY
+@given(owners())
+def test_re_projection_renders_every_frame_the_owner_planned(owner: Owner) -> None:
+    # given an owner's log and the plan of each of its dispatches
+    session = Session(header=SessionHeader(id="s1", createdAt=0), events=tuple(owner.events))
+
+    # when the log's dispatch groups are read back and rendered
+    groups = Ledger(0).extend(owner.events).undelivered()
+
+    # then each is one planned dispatch, with the planned frame and pairs
+    assert [g.seqs for g in groups] == list(owner.plans)
+    for group in groups:
+        plan = owner.plans[group.seqs]
+        assert group_frame(session, group) == plan.text
+        assert group.pairs == plan.pairs
 
 
 @PROPERTY
