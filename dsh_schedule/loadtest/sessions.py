@@ -29,8 +29,8 @@ from dsh_schedule.shared.core.records import (
     DeleteChange,
     encode_change,
 )
+from dsh_schedule.shared.store.codec import encode_event, encode_header
 from dsh_schedule.shared.store.jsonl import JsonlStore
-from dsh_schedule.shared.store.port import encode_event, encode_header
 
 DAY_MS: Final = 86_400_000
 # One schedule/change per this many events: about 300 in a 100 000-event log.

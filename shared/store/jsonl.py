@@ -25,20 +25,17 @@ from typing import Final
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
 from dsh_schedule.shared.core.fold import FoldState
-from dsh_schedule.shared.store.port import (
-    IncrementalFold,
-    SessionExists,
-    check_append,
+from dsh_schedule.shared.store.codec import (
     decode_event_line,
     decode_header_line,
     encode_event,
     encode_header,
-    escape_session_id,
     fork_header,
-    missing_session,
     number_events,
-    unescape_session_id,
 )
+from dsh_schedule.shared.store.foldcache import IncrementalFold, check_append
+from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
+from dsh_schedule.shared.store.port import SessionExists, missing_session
 
 logger = logging.getLogger(__name__)
 

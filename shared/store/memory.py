@@ -10,22 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
-
-import msgspec
 
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
 from dsh_schedule.shared.core.fold import FoldState
-from dsh_schedule.shared.store.port import (
-    IncrementalFold,
-    SessionExists,
-    check_append,
-    escape_session_id,
-    fork_header,
-    missing_session,
-    number_events,
-)
+from dsh_schedule.shared.store.codec import fork_header, number_events, stored_value
+from dsh_schedule.shared.store.foldcache import IncrementalFold, check_append
+from dsh_schedule.shared.store.ids import escape_session_id
+from dsh_schedule.shared.store.port import SessionExists, missing_session
 
 
 class _Log:
@@ -124,11 +116,8 @@ class MemoryStore:
     def append(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
     ) -> tuple[Event, ...]:
-        # A JSON round trip gives the same values, and the same encoding failures, as a
-        # store that writes them to a file.
-        stored = [
-            NewEvent(type=e.type, time=e.time, data=_json_round_trip(e.data)) for e in events
-        ]
+        # The values, and the encoding failures, of a store that writes them to a file.
+        stored = [NewEvent(type=e.type, time=e.time, data=stored_value(e.data)) for e in events]
         candidates = number_events(stored, expected_seq)
         with self._lock:
             log = self._get(session_id)
@@ -168,7 +157,3 @@ class MemoryStore:
         if self.fail_reads:
             raise PersistenceError(f"injected read failure for session {session_id!r}")
         return log
-
-
-def _json_round_trip(data: Any) -> Any:
-    return msgspec.json.decode(msgspec.json.encode(data))

@@ -19,9 +19,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
-from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
+from dsh_schedule.shared.core.events import (
+    SCHEDULE_CHANGE,
+    USER_MESSAGE,
+    Event,
+    NewEvent,
+    SessionHeader,
+)
+from dsh_schedule.shared.store.codec import decode_event_line, decode_header_line, encode_event
+from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
 from dsh_schedule.shared.store.jsonl import JsonlStore, read_session_file
-from dsh_schedule.shared.store.port import SessionExists, escape_session_id, unescape_session_id
+from dsh_schedule.shared.store.port import SessionExists
 
 T0 = 1_764_579_600_000
 WHEN = "2026-12-01T16:00:00.000Z"
@@ -263,6 +271,127 @@ def test_any_session_file_can_be_read_by_its_path(store: JsonlStore, tmp_path: P
     path.write_text(HEADER_LINE + "\nnope\n")
     with pytest.raises(ScheduleLogError):
         read_session_file(path)
+
+
+# -- text that is not valid Unicode -------------------------------------------------------
+
+# Lines as another host may write them: JSON allows a \uD800-\uDFFF escape on its own.
+LONE_SURROGATE_LINES = [
+    pytest.param(
+        rb'{"type":"user/message","seq":0,"time":1,"data":{"content":"hi \ud800"}}',
+        {"content": "hi \ud800"},
+        id="a lone high surrogate in a user message is kept as written",
+    ),
+    pytest.param(
+        rb'{"type":"user/message","seq":0,"time":1,"data":["\uDC00 \u00e9"]}',
+        ["\udc00 \u00e9"],
+        id="a lone low surrogate, in upper case, next to other escapes",
+    ),
+    pytest.param(
+        rb'{"type":"note","seq":0,"time":1,"data":{"k\udfff":1}}',
+        {"k\udfff": 1},
+        id="a lone surrogate in a key",
+    ),
+    pytest.param(
+        rb'{"type":"note","seq":0,"time":1,"data":"\ud83d\ude00 \ud83d"}',
+        "\U0001f600 \ud83d",
+        id="a pair is one character and a lone one beside it stays lone",
+    ),
+    pytest.param(
+        rb'{"type":"note","seq":0,"time":1,"data":"\\ud800"}',
+        "\\ud800",
+        id="an escaped backslash before ud800 is plain text",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "data"), LONE_SURROGATE_LINES)
+def test_a_line_holding_a_lone_surrogate_escape_decodes(line: bytes, data: Any) -> None:
+    event = decode_event_line(line, 0)
+    assert event.data == data
+    assert decode_event_line(encode_event(event)[:-1], 0) == event
+
+
+MALFORMED_SURROGATE_LINES = [
+    pytest.param(rb'{"type":"x","seq":0,"time":1,"data":"\ud800"', "", id="a truncated line"),
+    pytest.param(
+        rb'{"type":"x","seq":0,"time":1,"data":["\ud800",NaN]}', "", id="NaN is not JSON"
+    ),
+    pytest.param(rb'{"type":1,"seq":0,"time":1,"data":"\ud800"}', "", id="a type not a string"),
+    pytest.param(rb'{"type":"x","seq":0,"time":1,"d":"\ud800"}', "", id="an event without data"),
+    pytest.param(
+        b'{"type":"x","seq":0,"time":1,"data":"\\ud800 \xff"}', "", id="bytes not UTF-8"
+    ),
+    pytest.param(
+        rb'{"type":"x","seq":1,"time":1,"data":"\ud800"}',
+        ": seq 1 where 0 was expected",
+        id="the wrong seq",
+    ),
+    pytest.param(
+        rb'{"type":"x","seq":0,"time":1,"data":"\ud800"} x', "", id="text after the object"
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "why"), MALFORMED_SURROGATE_LINES)
+def test_a_malformed_line_stays_malformed_with_a_lone_surrogate(line: bytes, why: str) -> None:
+    with pytest.raises(ScheduleLogError, match=f"^log line 2 malformed{re.escape(why)}$"):
+        decode_event_line(line, 0)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param("\ud800", id="a lone surrogate alone"),
+        pytest.param({"k\udc00": ["\u00e9\ud800", 1.5, None, True]}, id="nested, beside non-ASCII"),
+    ],
+)
+def test_a_value_holding_a_lone_surrogate_is_written_as_an_escape(data: Any) -> None:
+    line = encode_event(Event(type="note", seq=0, time=1, data=data))
+    line.decode("utf-8")  # valid UTF-8 on disk
+    assert b"\\ud800" in line or b"\\udc00" in line
+    assert decode_event_line(line[:-1], 0).data == data
+
+
+def test_a_header_holding_a_lone_surrogate_decodes() -> None:
+    line = rb'{"type":"session","version":0,"id":"s\ud800","createdAt":1}'
+    assert decode_header_line(line, None).id == "s\ud800"
+    with pytest.raises(ScheduleLogError, match="line 1 malformed"):
+        decode_header_line(line, "s1")
+
+
+def test_another_hosts_message_with_a_lone_surrogate_leaves_the_session_readable(
+    store: JsonlStore,
+) -> None:
+    # given a session where another host wrote a user message holding a lone surrogate
+    lines = [HEADER_LINE, event_line(0, {"content": "hi \ud800"}, USER_MESSAGE)]
+    write_lines(store, "s1", *lines, event_line(1, at_create("schedule-1").data, SCHEDULE_CHANGE))
+
+    # when it is read, folded, appended to and forked
+    session, state = store.load("s1")
+    store.append("s1", [message("after")], 2)
+    store.fork("s1", "child", created_at_ms=T0)
+
+    # then the message reads back as written, and nothing about the schedule changed
+    assert session.events[0].data == {"content": "hi \ud800"}
+    assert [r.id for r in state.active] == ["schedule-1"]
+    assert store.read("child").events[0].data == {"content": "hi \ud800"}
+    assert JsonlStore(store.root).read("s1").events[2].data == {"content": "after"}
+
+
+def test_a_schedule_change_with_a_lone_surrogate_prompt_stays_corruption(
+    store: JsonlStore,
+) -> None:
+    # given another host's create whose prompt holds a lone surrogate
+    create = at_create("schedule-1").data
+    create["schedule"]["prompt"] = "call \ud800"
+    write_lines(store, "s1", HEADER_LINE, event_line(0, create, SCHEDULE_CHANGE))
+
+    # then the log reads, but its schedule records are corrupt
+    assert store.read("s1").events[0].data == create
+    with pytest.raises(ScheduleLogError, match="lone surrogate") as caught:
+        store.load("s1")
+    assert caught.value.seq == 0
 
 
 # -- write and fsync failures -------------------------------------------------------------

@@ -24,8 +24,8 @@ WHEN = "2026-12-01T16:00:00.000Z"
 HOSTILE_IDS = ["../x", "a/b", "é", "%2F", ".", "..", "A", "a", " padded ", "line\nbreak", "\u2603"]
 
 
-def at_create(schedule_id: str) -> NewEvent:
-    schedule = {"id": schedule_id, "kind": "at", "prompt": "call back", "scheduledAt": WHEN}
+def at_create(schedule_id: str, prompt: str = "call back") -> NewEvent:
+    schedule = {"id": schedule_id, "kind": "at", "prompt": prompt, "scheduledAt": WHEN}
     data = {"version": 1, "operation": "create", "schedule": schedule}
     return NewEvent(type=SCHEDULE_CHANGE, time=T0, data=data)
 
@@ -177,6 +177,21 @@ def test_append_keeps_unknown_event_types_and_their_data(store: SessionStore) ->
     assert store.load("s1")[1].active == ()
 
 
+def test_a_message_holding_a_lone_surrogate_is_kept_and_forked(store: SessionStore) -> None:
+    # given: text another host took from a UTF-16 string, cut inside a pair
+    data = {"content": [{"type": "text", "text": "cut \ud83d"}], "source": {"kind": "user"}}
+    store.create(header("parent"))
+    # when it is appended, read back and forked
+    store.append("parent", [NewEvent(type=USER_MESSAGE, time=T0, data=data)], 0)
+    store.append("parent", [at_create("schedule-1")], 1)
+    store.fork("parent", "child", created_at_ms=T0)
+    # then both sessions read it back unchanged and still fold
+    for session_id in ("parent", "child"):
+        session, _ = store.load(session_id)
+        assert session.events[0].data == data
+    assert [r.id for r in store.load("parent")[1].active] == ["schedule-1"]
+
+
 @pytest.mark.parametrize("expected", [1, 3], ids=["stale", "ahead"])
 def test_a_fenced_append_at_the_wrong_length_conflicts_and_writes_nothing(
     store: SessionStore, expected: int
@@ -278,6 +293,7 @@ CORRUPTING_BATCHES: dict[str, list[NewEvent]] = {
     "valid message before a bad record": [message("fine"), delete("schedule-9")],
     "valid record before a bad one": [delete("schedule-1"), delete("schedule-1")],
     "shape error": [NewEvent(type=SCHEDULE_CHANGE, time=T0, data={"version": 2})],
+    "a prompt holding a lone surrogate": [at_create("schedule-2", "call \ud800")],
 }
 
 
