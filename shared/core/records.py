@@ -7,7 +7,7 @@ numbers. Encoding writes keys in the documented order.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -98,16 +98,14 @@ class DispatchChange(_Record, frozen=True, kw_only=True):
 
 Change = CreateChange | DeleteChange | DispatchChange
 
-_SCHEDULE_TYPES: Final[dict[str, type[_Record]]] = {
+_SCHEDULE_TYPES: Final[dict[str, type[AfterSchedule] | type[AtSchedule] | type[EverySchedule]]] = {
     "after": AfterSchedule,
     "at": AtSchedule,
     "every": EverySchedule,
 }
-_CHANGE_TYPES: Final[dict[str, type[_Record]]] = {
-    "create": CreateChange,
-    "delete": DeleteChange,
-    "dispatch": DispatchChange,
-}
+_CREATE_KEYS: Final = frozenset({"version", "operation", "schedule"})
+
+_R = TypeVar("_R", bound=_Record)
 
 
 def _valid_id(value: str) -> bool:
@@ -132,29 +130,17 @@ def decode_change(data: Any) -> Change:
     if data.get("version") != 1 or type(data.get("version")) is not int:
         raise ScheduleLogError("unknown schedule/change version")
     operation = data.get("operation")
-    change_type = _CHANGE_TYPES.get(operation) if isinstance(operation, str) else None
-    if change_type is None:
+    if operation == "create":
+        return _decode_create(data)
+    change: DeleteChange | DispatchChange
+    if operation == "delete":
+        change = _convert(data, DeleteChange)
+    elif operation == "dispatch":
+        if data.get("acceptedAt", "") is None:
+            raise ScheduleLogError("acceptedAt is null")
+        change = _convert(data, DispatchChange)
+    else:
         raise ScheduleLogError("unknown schedule/change operation")
-    if change_type is CreateChange:
-        schedule_data = data.get("schedule")
-        if not isinstance(schedule_data, dict) or set(data) != {
-            "version",
-            "operation",
-            "schedule",
-        }:
-            raise ScheduleLogError("malformed create record")
-        kind = schedule_data.get("kind")
-        schedule_type = _SCHEDULE_TYPES.get(kind) if isinstance(kind, str) else None
-        if schedule_type is None:
-            raise ScheduleLogError("unknown schedule kind")
-        schedule = _convert(schedule_data, schedule_type)
-        assert isinstance(schedule, AfterSchedule | AtSchedule | EverySchedule)
-        _check_schedule(schedule)
-        return CreateChange(schedule=schedule)
-    if change_type is DispatchChange and data.get("acceptedAt", "") is None:
-        raise ScheduleLogError("acceptedAt is null")
-    change = _convert(data, change_type)
-    assert isinstance(change, DeleteChange | DispatchChange)
     if not _valid_id(change.id):
         raise ScheduleLogError("schedule id is empty, padded or not valid UTF-8")
     if isinstance(change, DispatchChange) and change.acceptedAt is not None:
@@ -163,7 +149,20 @@ def decode_change(data: Any) -> Change:
     return change
 
 
-def _convert(data: dict[str, Any], cls: type[_Record]) -> _Record:
+def _decode_create(data: dict[str, Any]) -> CreateChange:
+    schedule_data = data.get("schedule")
+    if not isinstance(schedule_data, dict) or set(data) != _CREATE_KEYS:
+        raise ScheduleLogError("malformed create record")
+    kind = schedule_data.get("kind")
+    schedule_type = _SCHEDULE_TYPES.get(kind) if isinstance(kind, str) else None
+    if schedule_type is None:
+        raise ScheduleLogError("unknown schedule kind")
+    schedule: Schedule = _convert(schedule_data, schedule_type)
+    _check_schedule(schedule)
+    return CreateChange(schedule=schedule)
+
+
+def _convert(data: dict[str, Any], cls: type[_R]) -> _R:
     for key in _required_keys(cls):
         if key not in data:
             raise ScheduleLogError(f"missing key {key!r}")

@@ -13,8 +13,11 @@ every range error surfaces there.
    → ``invalid_prompt``;
 3. the selector's value: ``after_seconds`` not a positive safe integer, or
    ``every_seconds`` not a safe integer → ``invalid_rule``; ``every_seconds`` < 300 →
-   ``frequency_too_high``; ``every_seconds`` whose milliseconds are unsafe →
-   ``invalid_rule``. The ``at`` value is kept as given and resolved by ``build_create``.
+   ``frequency_too_high``. The ``at`` value is kept as given and resolved by
+   ``build_create``.
+
+A safe ``every_seconds`` whose milliseconds are not (above ``MAX_EVERY_SECONDS``) puts
+its first target past year 9999, so ``build_create`` answers ``time_out_of_range``.
 
 A selector key given with ``null`` still counts as given.
 """
@@ -31,7 +34,6 @@ from dsh_schedule.shared.core.errors import ToolError
 from dsh_schedule.shared.core.fold import FoldState, allocate_id
 from dsh_schedule.shared.core.instant import MAX_MS, MAX_SAFE_INTEGER, MIN_MS, format_instant
 from dsh_schedule.shared.core.records import (
-    MAX_EVERY_SECONDS,
     MIN_EVERY_SECONDS,
     AfterSchedule,
     AtSchedule,
@@ -58,6 +60,7 @@ _MSG_AFTER: Final[str] = (
 _MSG_EVERY: Final[str] = (
     "every_seconds must be a whole number of seconds from 300 to 9007199254740."
 )
+_MSG_SURROGATE: Final[str] = "prompt must be valid Unicode text; it holds an unpaired surrogate."
 _MSG_DELETE: Final[str] = (
     'schedule_delete takes exactly {"id": "schedule-N"}: a non-empty string id without '
     "surrounding whitespace."
@@ -103,8 +106,10 @@ def _prompt(args: dict[str, Any]) -> str:
     if not isinstance(raw, str):
         raise ToolError("invalid_prompt")
     prompt = js_trim(raw)
-    if prompt == "" or not is_utf8_safe(prompt):
+    if prompt == "":
         raise ToolError("invalid_prompt")
+    if not is_utf8_safe(prompt):
+        raise ToolError("invalid_prompt", _MSG_SURROGATE)
     return prompt
 
 
@@ -121,8 +126,6 @@ def _every_seconds(value: Any) -> int:
         raise ToolError("invalid_rule", _MSG_EVERY)
     if seconds < MIN_EVERY_SECONDS:
         raise ToolError("frequency_too_high")
-    if seconds > MAX_EVERY_SECONDS:
-        raise ToolError("invalid_rule", _MSG_EVERY)
     return seconds
 
 
@@ -181,26 +184,28 @@ def build_create(
 
     The id is the next never-used ``schedule-N`` of ``state``. ``zone`` is called only
     for an ``at`` object without ``time_zone``. Raises the ``at`` errors of
-    ``resolve_at`` and ``time_out_of_range``.
+    ``resolve_at`` and ``time_out_of_range``; the seconds of a request not made by
+    ``parse_create_args`` are checked again and rejected as that function would.
     """
     schedule_id = allocate_id(state)
     schedule: Schedule
     if request.kind == "after":
-        assert request.after_seconds is not None
+        after_seconds = _after_seconds(request.after_seconds)
         schedule = AfterSchedule(
             id=schedule_id,
             prompt=request.prompt,
-            afterSeconds=request.after_seconds,
-            scheduledAt=_target_after(now_ms, request.after_seconds),
+            afterSeconds=after_seconds,
+            scheduledAt=_target_after(now_ms, after_seconds),
         )
     elif request.kind == "every":
-        assert request.every_seconds is not None
-        # The first target is the anchor every later occurrence stays aligned to.
+        every_seconds = _every_seconds(request.every_seconds)
+        # The first target is the anchor every later occurrence stays aligned to; an
+        # interval whose milliseconds are unsafe lands it past year 9999.
         schedule = EverySchedule(
             id=schedule_id,
             prompt=request.prompt,
-            everySeconds=request.every_seconds,
-            scheduledAt=_target_after(now_ms, request.every_seconds),
+            everySeconds=every_seconds,
+            scheduledAt=_target_after(now_ms, every_seconds),
         )
     else:
         target = resolve_at(request.at, now_ms=now_ms, implicit_zone=zone)

@@ -200,7 +200,9 @@ def _zone_instant(wall: _Wall, zone: zoneinfo.ZoneInfo) -> int:
     An unrepresentable instant is ``time_out_of_range`` before any gap check.
     """
     offset = _local_datetime(wall, zone).utcoffset()
-    assert offset is not None
+    if offset is None:
+        # A zone that names no offset for this wall time cannot place it.
+        raise ToolError("invalid_time_zone")
     instant = _wall_ms(wall) - _timedelta_ms(offset)
     if not MIN_MS <= instant <= MAX_MS:
         raise ToolError("time_out_of_range")

@@ -32,15 +32,16 @@ def view_state(record: Schedule, now_ms: int) -> ViewState:
 def delivery_not_before_ms(record: Schedule, state: FoldState, now_ms: int) -> int | None:
     """When an overdue ``every`` record held back by the recurring gate may go out.
 
-    None for one-shots, for records that are not overdue, and when the gate is open.
+    None for one-shots, for records that are not overdue, when the gate is open, and
+    when the gate would open after 9999-12-31T23:59:59.999Z: no instant can name that
+    time, so the view leaves it out rather than show a time it is not.
     """
     if not isinstance(record, EverySchedule) or view_state(record, now_ms) != "overdue":
         return None
     gate = gate_opens_ms(state)
-    if gate is None or now_ms >= gate:
+    if gate is None or now_ms >= gate or gate > MAX_MS:
         return None
-    # A gate past the last representable instant never opens; report that last instant.
-    return min(gate, MAX_MS)
+    return gate
 
 
 def schedule_view(record: Schedule, state: FoldState, now_ms: int) -> dict[str, Any]:

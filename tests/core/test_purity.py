@@ -1,7 +1,9 @@
-"""The pure core loads no Redis or queue code (docs/architecture.md#layout)."""
+"""The pure core and the session store load no Redis or queue code, and guard with
+explicit checks, never ``assert`` (which ``python -O`` strips)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -11,22 +13,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("redis", "rq", "rq_scheduler", "fakeredis")
-CORE = (
-    "dsh_schedule.shared.core.records",
-    "dsh_schedule.shared.core.fold",
-    "dsh_schedule.shared.core.due",
-    "dsh_schedule.shared.core.presentation",
-    "dsh_schedule.shared.core.instant",
-    "dsh_schedule.shared.core.errors",
-    "dsh_schedule.shared.core.events",
-    "dsh_schedule.shared.core.ledger",
-    "dsh_schedule.shared.core.timesel",
-    "dsh_schedule.shared.core.timecontext",
-    "dsh_schedule.shared.core.requests",
-    "dsh_schedule.shared.core.views",
-    "dsh_schedule.shared.core.framing",
-    "dsh_schedule.shared.core.catalog",
-)
+
+
+def modules(layer: str) -> tuple[str, ...]:
+    """Every module of a layer folder (``shared/core``), as the package imports it."""
+    folder = ROOT.joinpath(*layer.split("."))
+    return tuple(
+        f"dsh_schedule.{layer}.{path.stem}"
+        for path in sorted(folder.glob("*.py"))
+        if path.stem != "__init__"
+    )
+
+
+CORE = modules("shared.core")
+STORE = modules("shared.store")
+
 PROBE = """
 import importlib, json, sys
 required, forbidden = json.loads(sys.argv[1])
@@ -52,12 +53,14 @@ def probe(required: tuple[str, ...]) -> dict[str, list[str]]:
     return result
 
 
-def test_importing_the_pure_core_loads_no_redis_or_queue_module() -> None:
-    # given a fresh interpreter, when it imports every pure core module there is
-    result = probe(CORE)
+@pytest.mark.parametrize("layer", [CORE, STORE], ids=["pure core", "session store"])
+def test_importing_a_lower_layer_loads_no_redis_or_queue_module(layer: tuple[str, ...]) -> None:
+    # given a fresh interpreter, when it imports every module of the layer there is
+    result = probe(layer)
 
     # then all of them were imported and none of them loaded Redis or rq
-    assert set(CORE) <= set(result["imported"])
+    assert layer, "the layer folder was found"
+    assert set(layer) <= set(result["imported"])
     assert result["forbidden"] == []
 
 
@@ -65,3 +68,11 @@ def test_importing_the_pure_core_loads_no_redis_or_queue_module() -> None:
 def test_the_probe_sees_a_forbidden_module(module: str) -> None:
     """The check above can fail: importing a Redis client is noticed."""
     assert module in probe((module,))["forbidden"]
+
+
+@pytest.mark.parametrize("module", [*CORE, *STORE])
+def test_a_lower_layer_never_guards_with_assert(module: str) -> None:
+    path = ROOT.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lines = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+    assert lines == [], f"{path.relative_to(ROOT)} asserts at lines {lines}"

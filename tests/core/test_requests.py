@@ -88,6 +88,14 @@ def code_of(call: Any, *args: Any) -> str:
             {"prompt": "x", "every_seconds": MAX_EVERY_SECONDS},
             CreateRequest(kind="every", prompt="x", every_seconds=MAX_EVERY_SECONDS),
         ),
+        (  # a safe interval whose milliseconds are not is a range question for later
+            {"prompt": "x", "every_seconds": MAX_EVERY_SECONDS + 1},
+            CreateRequest(kind="every", prompt="x", every_seconds=MAX_EVERY_SECONDS + 1),
+        ),
+        (
+            {"prompt": "x", "every_seconds": MAX_SAFE_INTEGER},
+            CreateRequest(kind="every", prompt="x", every_seconds=MAX_SAFE_INTEGER),
+        ),
     ],
 )
 def test_create_args_accepted(args: Any, expected: CreateRequest) -> None:
@@ -177,15 +185,36 @@ def test_create_args_accepted(args: Any, expected: CreateRequest) -> None:
         pytest.param(
             {"prompt": "x", "every_seconds": -(2**53)}, "invalid_rule", id="every-unsafe-negative"
         ),
-        pytest.param(
-            {"prompt": "x", "every_seconds": MAX_EVERY_SECONDS + 1},
-            "invalid_rule",
-            id="every-milliseconds-unsafe",
-        ),
     ],
 )
 def test_create_args_rejected(args: Any, code: str) -> None:
     assert code_of(parse_create_args, args) == code
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        pytest.param(
+            "   ",
+            "prompt must be a non-empty string after trimming whitespace.",
+            id="an empty prompt is told it must not be empty",
+        ),
+        pytest.param(
+            "call \ud800",
+            "prompt must be valid Unicode text; it holds an unpaired surrogate.",
+            id="a lone surrogate is told it is not valid Unicode",
+        ),
+        pytest.param(
+            "\udc00 call",
+            "prompt must be valid Unicode text; it holds an unpaired surrogate.",
+            id="a lone low surrogate too",
+        ),
+    ],
+)
+def test_an_invalid_prompt_says_what_is_wrong(prompt: str, message: str) -> None:
+    with pytest.raises(ToolError) as caught:
+        parse_create_args({"prompt": prompt, "after_seconds": 600})
+    assert (caught.value.code, caught.value.message) == ("invalid_prompt", message)
 
 
 # ---------------------------------------------------------------- delete and list
@@ -309,6 +338,9 @@ def test_at_without_zone_asks_the_zone_callable() -> None:
         ({"prompt": "x", "after_seconds": MAX_SAFE_INTEGER}, NOW),
         ({"prompt": "x", "after_seconds": 2}, MAX_MS - 1000),
         ({"prompt": "x", "every_seconds": MAX_EVERY_SECONDS}, NOW),
+        ({"prompt": "x", "every_seconds": MAX_EVERY_SECONDS + 1}, NOW),
+        ({"prompt": "x", "every_seconds": MAX_SAFE_INTEGER}, NOW),
+        ({"prompt": "x", "every_seconds": MAX_SAFE_INTEGER}, 0),
         ({"prompt": "x", "every_seconds": 300}, MAX_MS - 299_999),
         ({"prompt": "x", "at": "9999-12-31T23:59:59-01:00"}, NOW),
     ],
@@ -329,6 +361,32 @@ def test_target_beyond_the_range_is_time_out_of_range(args: Any, now: int) -> No
 def test_target_at_the_last_instant_is_accepted(args: Any, now: int) -> None:
     change = build_create(parse_create_args(args), EMPTY, now, no_zone)
     assert change.schedule.scheduledAt == format_instant(MAX_MS)
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        pytest.param(
+            CreateRequest(kind="after", prompt="x"),
+            "invalid_rule",
+            id="an after request without its seconds is an invalid rule",
+        ),
+        pytest.param(
+            CreateRequest(kind="every", prompt="x"),
+            "invalid_rule",
+            id="an every request without its seconds is an invalid rule",
+        ),
+        pytest.param(
+            CreateRequest(kind="every", prompt="x", every_seconds=299),
+            "frequency_too_high",
+            id="an every request below 300 seconds is too frequent",
+        ),
+    ],
+)
+def test_build_create_checks_a_hand_made_request_as_the_parser_would(
+    request_: CreateRequest, code: str
+) -> None:
+    assert code_of(build_create, request_, EMPTY, NOW, no_zone) == code
 
 
 # ---------------------------------------------------------------- one row per error code
@@ -367,6 +425,7 @@ def schedule_create(args: Any, session: Session = HEADERLESS) -> CreateChange:
         ({"prompt": "x", "at": "2026-12-01T09:00:00Z"}, "not_future"),
         ({"prompt": "x", "at": "9999-12-31T23:59:59-01:00"}, "time_out_of_range"),
         ({"prompt": "x", "after_seconds": MAX_SAFE_INTEGER}, "time_out_of_range"),
+        ({"prompt": "x", "every_seconds": MAX_EVERY_SECONDS + 1}, "time_out_of_range"),
         ({"prompt": "x", "every_seconds": 299}, "frequency_too_high"),
     ],
 )
