@@ -1,4 +1,4 @@
-"""``python -m dsh_schedule``."""
+"""``python -m dsh_schedule``: the ``dsh-schedule`` command."""
 
 from __future__ import annotations
 
@@ -6,4 +6,5 @@ import sys
 
 from dsh_schedule.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

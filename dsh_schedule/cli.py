@@ -1,22 +1,39 @@
 """``dsh-schedule``: one command with subcommands (docs/architecture.md#processes-and-cli).
-Thin: parse, build, run."""
+
+Thin: parse the arguments, build the settings, configure logging, run. Each subcommand
+imports what it needs when it runs, so ``check``, ``fold``, ``present``, ``catalog`` and
+``--version`` load neither Redis nor rq. Input the command cannot use is one line on
+stderr and exit 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
+import math
+import re
 import sys
-import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
-from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.clock import wall_clock_ms
+from dsh_schedule.shared.settings import Settings, SettingsError
 
-log = logging.getLogger("dsh_schedule")
+if TYPE_CHECKING:
+    import redis
 
-EXIT_TOOL_ERROR = 3
+EXIT_BAD_INPUT: Final = 2
+EXIT_TOOL_ERROR: Final = 3
+ONE_SHOT_REDIS_WAIT_S: Final = 5.0
+REDIS_PROBE_TIMEOUT_S: Final = 1.0
+
+
+class CommandError(Exception):
+    """Input or an environment the command cannot use: one line on stderr, exit 2."""
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -28,16 +45,134 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def _require_redis(settings: Settings, command: str) -> None:
+def _require_redis(settings: Settings, command: str) -> str:
     if not settings.redis_url:
-        raise SystemExit(
-            f"dsh-schedule {command}: a Redis URL is required (--redis or "
-            "DSH_SCHEDULE_REDIS_URL); an embedded Redis is private to one process"
+        raise CommandError(
+            f"{command}: a Redis URL is required (--redis or DSH_SCHEDULE_REDIS_URL); "
+            "an embedded Redis is private to one process"
         )
+    return settings.redis_url
+
+
+def _await_redis(url: str, wait_s: float | None, *, verbose: bool) -> None:
+    """Return once Redis at ``url`` answers; CommandError when it did not within
+    ``wait_s`` seconds (None waits for ever). A bounded wait is quiet unless verbose."""
+    import redis
+
+    from dsh_schedule.shared.coordination import outage
+
+    try:
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=REDIS_PROBE_TIMEOUT_S,
+            socket_timeout=REDIS_PROBE_TIMEOUT_S,
+        )
+    except ValueError:
+        raise CommandError(
+            "the Redis URL is not usable (it starts with redis://, rediss:// or unix:// "
+            "and names a numeric port and database)"
+        ) from None
+    startup_log = logging.getLogger(outage.__name__)
+    quiet = wait_s is not None and not verbose
+
+    def drop(record: logging.LogRecord) -> bool:
+        return False
+
+    if quiet:
+        startup_log.addFilter(drop)
+    try:
+        outage.wait_for_redis(client, wait_s=wait_s)
+    except outage.RedisUnavailable as exc:
+        raise CommandError(
+            f"Redis at {_where(client)} did not answer within {exc.waited_s:g} s "
+            "(--redis-wait)"
+        ) from None
+    finally:
+        startup_log.removeFilter(drop)
+        client.close()
+
+
+def _where(client: redis.Redis) -> str:
+    """Where a client points, without credentials."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']} db {kwargs.get('db', 0)}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
 def _dump(value: Any) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+
+# -- argument types ---------------------------------------------------------------------
+
+_RFC3339: Final = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})",
+    re.ASCII,
+)
+
+
+def rfc3339_ms(text: str) -> int:
+    """Epoch milliseconds of an RFC 3339 instant with an offset (``Z``, ``z`` or
+    ``±HH:MM``, any number of fraction digits; those past the millisecond are dropped).
+    ValueError, naming the problem, for anything else."""
+    from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, to_ms
+
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            "is not an RFC 3339 instant with an offset, such as 2030-01-01T00:00:00Z "
+            "or 2030-01-01T02:00:00.250+02:00"
+        )
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, offset = match[7] or "", match[8]
+    try:
+        wall = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+    except ValueError:
+        raise ValueError("names no real date and time") from None
+    east_ms = 0
+    if offset not in ("Z", "z"):
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        if hours > 23 or minutes > 59:
+            raise ValueError("has an offset beyond 23:59")
+        east_ms = (hours * 60 + minutes) * 60_000 * (-1 if offset[0] == "-" else 1)
+    ms = to_ms(wall) + int(fraction[:3].ljust(3, "0")) - east_ms
+    if not MIN_MS <= ms <= MAX_MS:
+        raise ValueError("lies outside the years 0001-9999 in UTC")
+    return ms
+
+
+def _instant_arg(text: str) -> int:
+    try:
+        return rfc3339_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return seconds
+
+
+def _tool_args(text: str | None) -> Any:
+    """ARGS_JSON as a value; CommandError naming what keeps it from being read."""
+    if not text:
+        return {}
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise CommandError("ARGS_JSON is nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise CommandError(
+            f"ARGS_JSON is not valid JSON ({exc.msg} at character {exc.pos})"
+        ) from None
+    except ValueError:  # an integer past the interpreter's digit limit
+        raise CommandError("ARGS_JSON holds a number with too many digits") from None
 
 
 # -- read-only commands on the pure core ----------------------------------------------
@@ -63,12 +198,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_fold(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.fold import fold
-    from dsh_schedule.shared.core.instant import parse_instant
     from dsh_schedule.shared.core.views import list_value, render
     from dsh_schedule.shared.store.jsonl import read_session_file
 
     session = read_session_file(Path(args.file))
-    now = parse_instant(args.now) if args.now else _wall_ms()
+    now = wall_clock_ms() if args.now is None else args.now
     print(render(list_value(fold(session.events, session.seed_length), now)))
     return 0
 
@@ -80,6 +214,7 @@ def cmd_present(args: argparse.Namespace) -> int:
 
     session = read_session_file(Path(args.file))
     shown = reminder_presentation(session.events, args.seq, session.seed_length)
+    # An event that is no dispatch has no receipt: its receipt value is null.
     print(render(None if shown is None else receipt_value(shown)))
     return 0
 
@@ -109,27 +244,42 @@ def cmd_session(args: argparse.Namespace) -> int:
     if args.session_command == "create":
         if args.time_zone is not None:
             load_zone(args.time_zone)
-        store.create(SessionHeader(id=args.id, createdAt=_wall_ms(), timeZone=args.time_zone))
+        store.create(
+            SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
+        )
         print(args.id)
     else:
-        header = store.fork(args.parent, args.child, created_at_ms=_wall_ms())
+        header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())
         print(f"{header.id} (seedLength {header.seedLength})")
     return 0
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from dsh_schedule.host.tools import ScheduleTools
-    from dsh_schedule.shared.coordination.agents import Coordination
-    from dsh_schedule.shared.coordination.connection import connect
+    from dsh_schedule.shared.core.catalog import tool_definitions
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
     settings = _settings(args)
-    tool_args = json.loads(args.args_json) if args.args_json else {}
-    if not settings.redis_url:
+    names = [tool.name for tool in tool_definitions()]
+    if args.tool not in names:
+        raise CommandError(f"call: unknown tool {args.tool!r} (one of {', '.join(names)})")
+    tool_args = _tool_args(args.args_json)
+    store = JsonlStore(settings.sessions)
+    if not store.exists(args.session):
+        raise CommandError(
+            f"call: session {args.session!r} does not exist in {str(settings.sessions)!r}"
+        )
+    if settings.redis_url:
+        _await_redis(settings.redis_url, args.redis_wait, verbose=args.verbose)
+    else:
         print("dsh-schedule call: no Redis URL; using an embedded Redis, no wake is armed",
               file=sys.stderr)
+
+    from dsh_schedule.host.tools import ScheduleTools
+    from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.coordination.connection import connect
+
     coordination = Coordination(connect(settings.redis_url), settings)
-    tools = ScheduleTools(JsonlStore(settings.sessions), coordination, _wall_ms)
+    tools = ScheduleTools(store, coordination, settings=settings, clock=wall_clock_ms)
     result = tools.call(args.session, args.tool, tool_args)
     print(result.content)
     return EXIT_TOOL_ERROR if result.is_error else 0
@@ -139,56 +289,66 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    _await_redis(_require_redis(settings, "worker"), args.redis_wait, verbose=args.verbose)
     from dsh_schedule.worker.process import run_worker
 
-    settings = _settings(args)
-    _require_redis(settings, "worker")
     return run_worker(settings, burst=args.burst)
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    _await_redis(_require_redis(settings, "scheduler"), args.redis_wait, verbose=args.verbose)
     from dsh_schedule.scheduler.process import run_scheduler
 
-    settings = _settings(args)
-    _require_redis(settings, "scheduler")
     return run_scheduler(settings)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    url = _require_redis(settings, "rebuild")
+    _await_redis(url, args.redis_wait, verbose=args.verbose)
     import redis
 
     from dsh_schedule.scheduler.process import rebuild
     from dsh_schedule.shared.coordination.agents import Coordination
 
-    settings = _settings(args)
-    _require_redis(settings, "rebuild")
-    assert settings.redis_url
-    coordination = Coordination(redis.Redis.from_url(settings.redis_url), settings)
-    report = rebuild(coordination, now_ms=_wall_ms())
+    coordination = Coordination(redis.Redis.from_url(url), settings)
+    report = rebuild(coordination, settings, now_ms=wall_clock_ms())
     _dump({"woken": list(report.woken), "retired": list(report.retired)})
     return 0
 
 
 def cmd_host(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    url = _require_redis(settings, "host")
+    _await_redis(url, args.redis_wait, verbose=args.verbose)
+    import threading
+
     import redis
 
     from dsh_schedule.host.reference import ReferenceHost
     from dsh_schedule.shared.coordination.agents import Coordination
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
-    settings = _settings(args)
-    _require_redis(settings, "host")
-    assert settings.redis_url
-    coordination = Coordination(redis.Redis.from_url(settings.redis_url), settings)
+    coordination = Coordination(redis.Redis.from_url(url), settings)
     host = ReferenceHost(
         JsonlStore(settings.sessions),
         coordination,
+        settings,
         on_delivery=lambda session, d: print(f"{session}: delivered {d.text!r}", flush=True),
     )
     for session_id in args.sessions_to_host:
         host.open_root(session_id)
     stop = threading.Event()
-    _stop_on_signals(stop)
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    import signal
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
     try:
         host.run(stop)
     finally:
@@ -196,50 +356,99 @@ def cmd_host(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
-    import signal
-
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
-def _wall_ms() -> int:
-    import time
-
-    return time.time_ns() // 1_000_000
-
-
 # -- parser ---------------------------------------------------------------------------
 
+# Subcommands whose arguments are defined by a module that loads Redis and rq on import:
+# that module is imported only when its subcommand is the one being run.
+_ELSEWHERE: Final = {
+    "demo": "dsh_schedule.demo",
+    "loadtest": "dsh_schedule.loadtest.command",
+}
 
-def _common(parser: argparse.ArgumentParser, *, redis: bool = True) -> None:
+
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line on stderr too, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"dsh-schedule: {message} (see {self.prog} --help)\n")
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default,
+                         nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from dsh_schedule import __version__
+
+        sys.stdout.write(f"dsh-schedule {__version__}\n")
+        parser.exit()
+
+
+def _verbose(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    # After a subcommand the flag is accepted too, without resetting one given before it.
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging",
+                        default=False if top else argparse.SUPPRESS)
+
+
+def _common(parser: argparse.ArgumentParser, *, redis: bool = True,
+            redis_wait_s: float | None = None) -> None:
+    _verbose(parser)
     parser.add_argument("--sessions", type=Path, help="session log directory")
     if redis:
         parser.add_argument("--redis", help="Redis URL (default: DSH_SCHEDULE_REDIS_URL)")
         parser.add_argument("--queue", help="rq queue name")
         parser.add_argument("--prefix", help="Redis key prefix")
+        parser.add_argument(
+            "--redis-wait", type=_seconds_arg, default=redis_wait_s, metavar="SECONDS",
+            help="how long to wait at start-up for Redis to answer before exiting 2 "
+            f"(default: {'for ever' if redis_wait_s is None else f'{redis_wait_s:g} s'})",
+        )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsh-schedule", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand in ``argv``: the first word that is no option (the top-level
+    options take no values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser for ``argv``; the arguments of ``demo`` and ``loadtest`` are defined
+    only when ``argv`` runs one of them."""
+    command = _command_of(argv)
+    parser = _Parser(
+        prog="dsh-schedule",
+        description="Durable reminder tools for LLM agents: inspect session logs, run tool "
+        "calls, and run the worker, scheduler and reference host "
+        "(docs/architecture.md#processes-and-cli).",
+    )
+    _verbose(parser, top=True)
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("check", help="check session logs against the v1 invariant")
-    p.add_argument("files", nargs="+")
+    _verbose(p)
+    p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("fold", help="print the schedule_list value of a log")
-    p.add_argument("file")
-    p.add_argument("--now", help="canonical UTC instant (default: the wall clock)")
+    _verbose(p)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--now", type=_instant_arg, metavar="INSTANT",
+                   help="an RFC 3339 instant with an offset, such as 2030-01-01T00:00:00Z "
+                   "(default: the wall clock)")
     p.set_defaults(func=cmd_fold)
-    p = sub.add_parser("present", help="print the receipt of a dispatch event")
-    p.add_argument("file")
-    p.add_argument("seq", type=int)
+    p = sub.add_parser("present", help="print the receipt of a dispatch event (null for "
+                       "an event that is no dispatch)")
+    _verbose(p)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("seq", type=int, metavar="SEQ")
     p.set_defaults(func=cmd_present)
     p = sub.add_parser("catalog", help="print the tool definitions")
+    _verbose(p)
     p.add_argument("--format", choices=["catalog", "openai", "anthropic"], default="catalog")
     p.set_defaults(func=cmd_catalog)
 
@@ -253,37 +462,42 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("parent")
     f.add_argument("child")
     for subparser in (c, f):
+        _verbose(subparser)
         # Accepted after the subcommand too, without overriding one given before it.
         subparser.add_argument("--sessions", type=Path, default=argparse.SUPPRESS,
                                help="session log directory")
     p.set_defaults(func=cmd_session)
 
     p = sub.add_parser("call", help="run one tool call as the host would")
-    _common(p)
-    p.add_argument("session")
-    p.add_argument("tool", choices=["schedule_create", "schedule_list", "schedule_delete"])
-    p.add_argument("args_json", nargs="?")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("tool", metavar="TOOL", help="a tool name that `dsh-schedule catalog` lists")
+    p.add_argument("args_json", nargs="?", metavar="ARGS_JSON",
+                   help="the tool's arguments as a JSON object (default: {})")
     p.set_defaults(func=cmd_call)
 
-    for name, func, helptext in (
-        ("worker", cmd_worker, "serve wakes (rq SimpleWorker)"),
-        ("scheduler", cmd_scheduler, "move due wakes; rebuild and reconcile"),
-        ("rebuild", cmd_rebuild, "one rebuild pass"),
+    p = sub.add_parser("worker", help="serve wakes (rq SimpleWorker)")
+    _common(p)
+    p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    p.set_defaults(func=cmd_worker)
+    p = sub.add_parser("scheduler", help="move due wakes; rebuild and reconcile")
+    _common(p)
+    p.set_defaults(func=cmd_scheduler)
+    p = sub.add_parser("rebuild", help="one rebuild pass")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.set_defaults(func=cmd_rebuild)
+
+    for name, helptext in (
+        ("demo", "the whole system on embedded defaults, as a timeline"),
+        ("loadtest", "load test on the embedded Redis or a real one"),
     ):
         p = sub.add_parser(name, help=helptext)
-        _common(p)
-        if name == "worker":
-            p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-        p.set_defaults(func=func)
-    from dsh_schedule import demo
-    from dsh_schedule.loadtest import command as loadtest
+        _verbose(p)
+        if name == command:
+            module = importlib.import_module(_ELSEWHERE[name])
+            module.add_arguments(p)
+            p.set_defaults(func=module.run)
 
-    p = sub.add_parser("demo", help="the whole system on embedded defaults, as a timeline")
-    demo.add_arguments(p)
-    p.set_defaults(func=demo.run)
-    p = sub.add_parser("loadtest", help="load test on the embedded Redis or a real one")
-    loadtest.add_arguments(p)
-    p.set_defaults(func=loadtest.run)
     p = sub.add_parser("host", help="run the reference host for sessions")
     _common(p)
     p.add_argument("sessions_to_host", nargs="+", metavar="SESSION")
@@ -292,29 +506,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
-    from dsh_schedule.shared.settings import SettingsError
 
     try:
         result: int = args.func(args)
     except KeyboardInterrupt:
         return 130
+    except CommandError as exc:
+        print(f"dsh-schedule: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except SettingsError as exc:
         print(f"dsh-schedule: bad setting: {exc}", file=sys.stderr)
-        return 2
-    except json.JSONDecodeError:
-        print("dsh-schedule: ARGS_JSON is not valid JSON", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except ToolError as exc:
         print(f"dsh-schedule: {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except (ScheduleLogError, PersistenceError) as exc:
         print(f"dsh-schedule: {exc}", file=sys.stderr)
         return 1

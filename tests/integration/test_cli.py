@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REAL_REDIS_URL
+import tests.conftest
+from dsh_schedule import cli as cli_module
+from dsh_schedule.shared.core import catalog
 
 EVENTS = [
     {"version": 1, "operation": "create", "schedule": {
@@ -33,11 +39,34 @@ def write_log(path: Path, datas: list[dict[str, object]], extra: dict[str, objec
     return path
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
     full.update(env or {})
+    return full
+
+
+def cli(*args: str, env: dict[str, str] | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dsh_schedule", *args], capture_output=True,
-                          text=True, env=full, timeout=60)
+                          text=True, env=cli_env(env), cwd=cwd, timeout=60)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a rejected command (exit 2, no traceback)."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("dsh-schedule: ")
+    return lines[0]
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound and released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 def test_check_exits_0_on_valid_logs_and_1_naming_each_corrupt_file(tmp_path: Path) -> None:
@@ -108,9 +137,7 @@ def test_session_create_fork_and_call_without_redis(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", ["worker", "scheduler", "host", "rebuild"])
 def test_multi_process_commands_refuse_to_start_without_a_redis_url(command: str) -> None:
     args = [command, "s1"] if command == "host" else [command]
-    result = cli(*args)
-    assert result.returncode != 0
-    assert "Redis URL is required" in result.stderr
+    assert "Redis URL is required" in one_line_error(cli(*args))
 
 
 def test_bad_settings_are_a_clear_error(tmp_path: Path) -> None:
@@ -122,7 +149,7 @@ def test_bad_settings_are_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_rebuild_reports_what_it_woke(real_redis: object) -> None:
-    result = cli("rebuild", env={"DSH_SCHEDULE_REDIS_URL": REAL_REDIS_URL,
+    result = cli("rebuild", env={"DSH_SCHEDULE_REDIS_URL": tests.conftest.REAL_REDIS_URL,
                                  "DSH_SCHEDULE_PREFIX": "cli-test:"})
     assert result.returncode == 0
     assert json.loads(result.stdout) == {"woken": [], "retired": []}
@@ -149,3 +176,191 @@ def test_bad_input_to_the_cli_is_a_clear_error_not_a_traceback(tmp_path: Path) -
         assert result.returncode == code, result.stderr
         assert result.stderr.startswith("dsh-schedule: ")
         assert "Traceback" not in result.stderr
+
+
+# -- --now, present, call ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("now", "state"), [
+    ("2026-12-01T09:09:59.999Z", "scheduled"),
+    ("2026-12-01T09:10:00Z", "overdue"),
+    ("2026-12-01T09:10:00.000Z", "overdue"),
+    ("2026-12-01T11:09:59.9999999+02:00", "scheduled"),  # digits past the ms are dropped
+    ("2026-12-01T11:10:00+02:00", "overdue"),
+    ("2026-12-01T04:09:59.9-05:00", "scheduled"),
+    ("2026-12-01T04:10:00.0-05:00", "overdue"),
+    ("2026-12-01t09:09:59z", "scheduled"),
+])
+def test_fold_takes_any_rfc3339_instant_with_an_offset(tmp_path: Path, now: str,
+                                                       state: str) -> None:
+    log = write_log(tmp_path / "s.jsonl", EVENTS[:1])  # schedule-1 is due at 09:10:00.000Z
+    result = cli("fold", str(log), "--now", now)
+    assert result.returncode == 0, result.stderr
+    assert [view["state"] for view in json.loads(result.stdout)] == [state]
+
+
+def test_fold_now_far_in_the_future(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "s.jsonl", EVENTS)
+    result = cli("fold", str(log), "--now", "2030-01-01T00:00:00Z")
+    assert result.returncode == 0, result.stderr
+    assert [view["state"] for view in json.loads(result.stdout)] == ["overdue", "overdue"]
+
+
+@pytest.mark.parametrize(("now", "problem"), [
+    ("2030-01-01T00:00:00", "not an RFC 3339 instant with an offset"),
+    ("2030-01-01 00:00:00Z", "not an RFC 3339 instant with an offset"),
+    ("tomorrow", "not an RFC 3339 instant with an offset"),
+    ("2030-02-30T00:00:00Z", "no real date and time"),
+    ("2030-01-01T24:00:00Z", "no real date and time"),
+    ("2030-01-01T00:00:00+24:00", "offset"),
+    ("0001-01-01T00:00:00+01:00", "outside the years 0001-9999"),
+])
+def test_a_bad_now_is_one_line(tmp_path: Path, now: str, problem: str) -> None:
+    log = write_log(tmp_path / "s.jsonl", EVENTS)
+    line = one_line_error(cli("fold", str(log), "--now", now))
+    assert "--now" in line and problem in line and repr(now) in line
+
+
+def test_present_prints_null_for_every_event_that_is_no_dispatch(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "s.jsonl", EVENTS)
+    for seq in ("0", "1"):
+        result = cli("present", str(log), seq)
+        assert (result.returncode, result.stdout, result.stderr) == (0, "null\n", "")
+
+
+@pytest.fixture
+def session_dir(tmp_path: Path) -> dict[str, str]:
+    env = {"DSH_SCHEDULE_SESSIONS": str(tmp_path / "sessions")}
+    assert cli("session", "create", "s", env=env).returncode == 0
+    return env
+
+
+@pytest.mark.parametrize(("args_json", "problem"), [
+    ("[" * 2000 + "]" * 2000, "nested too deeply"),
+    ('{"prompt": "x", "after_seconds": ' + "9" * 5000 + "}", "too many digits"),
+    ('{"prompt": ', "not valid JSON"),
+])
+def test_unreadable_args_json_is_one_line(session_dir: dict[str, str], args_json: str,
+                                          problem: str) -> None:
+    line = one_line_error(cli("call", "s", "schedule_create", args_json, env=session_dir))
+    assert "ARGS_JSON" in line and problem in line
+
+
+def test_call_on_a_missing_session_says_so(session_dir: dict[str, str]) -> None:
+    line = one_line_error(cli("call", "nobody", "schedule_list", env=session_dir))
+    assert "session 'nobody' does not exist" in line
+    assert not (Path(session_dir["DSH_SCHEDULE_SESSIONS"]) / "nobody.jsonl").exists()
+
+
+def test_call_runs_every_catalog_tool(session_dir: dict[str, str]) -> None:
+    args = {"schedule_create": '{"prompt": "x", "after_seconds": 600}',
+            "schedule_list": "{}", "schedule_delete": '{"id": "schedule-1"}'}
+    for tool in catalog.tool_definitions():
+        result = cli("call", "s", tool.name, args[tool.name], env=session_dir)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert "unknown tool 'schedule_nap'" in one_line_error(
+        cli("call", "s", "schedule_nap", env=session_dir))
+
+
+def test_call_takes_its_tool_names_from_the_catalog(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real = catalog.tool_definitions
+    monkeypatch.setattr(catalog, "tool_definitions",
+                        lambda: [t for t in real() if t.name != "schedule_delete"])
+    assert cli_module.main(["call", "s", "schedule_delete", '{"id": "schedule-1"}']) == 2
+    assert capsys.readouterr().err == (
+        "dsh-schedule: call: unknown tool 'schedule_delete' "
+        "(one of schedule_create, schedule_list)\n")
+
+
+# -- flags, --version -------------------------------------------------------------------
+
+
+def test_argument_errors_are_one_line() -> None:
+    assert "invalid choice: 'nap'" in one_line_error(cli("nap"))
+    assert "SESSION" in one_line_error(cli("call"))
+    assert "--redis-wait" in one_line_error(cli("worker", "--redis-wait", "-1"))
+
+
+def test_version_runs_the_package_not_modules_in_the_working_directory(tmp_path: Path) -> None:
+    for name in ("scheduler.py", "worker.py", "shared.py"):
+        (tmp_path / name).write_text('raise SystemExit("wrong module imported")\n')
+    result = cli("--version", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == f"dsh-schedule {importlib.metadata.version('dsh-tool-schedule')}\n"
+    log = write_log(tmp_path / "s.jsonl", EVENTS)
+    assert cli("check", str(log), cwd=tmp_path).stdout == f"{log}: ok\n"
+
+
+# -- waiting for Redis ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler", "host", "rebuild", "call"])
+def test_a_redis_that_never_answers_is_one_line(session_dir: dict[str, str],
+                                                command: str) -> None:
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    extra = {"host": ["s"], "call": ["s", "schedule_list"]}.get(command, [])
+    started = time.monotonic()
+    result = cli(command, *extra, "--redis", url, "--redis-wait", "0.5", env=session_dir)
+    line = one_line_error(result)
+    assert time.monotonic() - started < 30
+    assert f"127.0.0.1:{url.split(':')[-1]} did not answer within 0.5 s" in line
+
+
+def test_the_worker_gives_up_after_redis_wait() -> None:
+    result = cli("worker", "--redis", f"redis://127.0.0.1:{closed_port()}/0",
+                 "--redis-wait", "1")
+    assert "did not answer within 1 s (--redis-wait)" in one_line_error(result)
+
+
+def test_the_redis_wait_message_never_shows_the_password() -> None:
+    url = f"redis://user:hunter2@127.0.0.1:{closed_port()}/3"
+    line = one_line_error(cli("rebuild", "--redis", url, "--redis-wait", "0"))
+    assert "hunter2" not in line and "/3 did not answer" in line
+
+
+def test_an_unusable_redis_url_is_one_line() -> None:
+    assert "Redis URL is not usable" in one_line_error(
+        cli("rebuild", "--redis", "http://127.0.0.1/0"))
+
+
+@pytest.mark.parametrize("flags", [["-v", "rebuild"], ["rebuild", "-v"],
+                                   ["rebuild", "--verbose"]])
+def test_verbose_works_before_or_after_the_subcommand(flags: list[str]) -> None:
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    quiet = cli("rebuild", "--redis", url, "--redis-wait", "0")
+    loud = cli(*flags, "--redis", url, "--redis-wait", "0")
+    # Verbose shows the start-up wait's retry line before the one-line verdict.
+    assert len(quiet.stderr.splitlines()) == 1
+    assert loud.returncode == 2
+    assert "Redis unavailable" in loud.stderr.splitlines()[0]
+    assert loud.stderr.splitlines()[-1] == quiet.stderr.splitlines()[0]
+
+
+@pytest.mark.redis
+def test_rebuild_started_before_redis_waits_for_it(tmp_path: Path) -> None:
+    binary = shutil.which("redis-server")
+    assert binary is not None, "redis-server must be on PATH for this test"
+    port = closed_port()
+    command = [sys.executable, "-m", "dsh_schedule", "rebuild",
+               "--redis", f"redis://127.0.0.1:{port}/0", "--redis-wait", "30"]
+    waiting = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=cli_env())
+    server = None
+    try:
+        time.sleep(1.0)
+        assert waiting.poll() is None, "rebuild gave up before its --redis-wait"
+        server = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(tmp_path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout, stderr = waiting.communicate(timeout=40)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+    assert waiting.returncode == 0, stderr
+    assert json.loads(stdout) == {"woken": [], "retired": []}
