@@ -39,5 +39,5 @@ def retry_fenced(what: str, attempt: Callable[[int], T], *, attempts: int = FENC
         try:
             return attempt(n)
         except FenceConflict as conflict:
-            log.debug("%s: fence conflict (%s), re-deciding", what, conflict)
+            log.info("%s: fence conflict (%s), re-deciding", what, conflict)
     raise FenceRetriesExhausted(what, attempts)

@@ -24,14 +24,14 @@ from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.phase import Release
-from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
+from dsh_schedule.shared.core.dispatch import plan_dispatch
+from dsh_schedule.shared.core.due import Wait, due_decision
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
-from dsh_schedule.shared.core.fold import FoldState, occurrence_at
-from dsh_schedule.shared.core.framing import FramingError, batch_frame, one_shot_frame
-from dsh_schedule.shared.core.instant import format_instant
-from dsh_schedule.shared.core.ledger import LedgerCache, Pair
-from dsh_schedule.shared.core.records import DispatchChange, encode_change
+from dsh_schedule.shared.core.fold import FoldState
+from dsh_schedule.shared.core.framing import FramingError
+from dsh_schedule.shared.core.ledger import LedgerCache
+from dsh_schedule.shared.core.records import encode_change
 from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
@@ -254,14 +254,16 @@ class DueOwner:
         if isinstance(decision, Wait):
             return None
         try:
-            text, pairs, changes = _render(decision)
+            plan = plan_dispatch(decision)
         except FramingError:
             log.exception("framing failed for %s; nothing written", agent)
             return WakeOutcome.DISPATCH_ABANDONED
         crash_point("before-followup")
-        self._coord.followups.add(agent, text, pairs)
+        self._coord.followups.add(agent, plan.text, plan.pairs)
         crash_point("after-followup")
-        events = [NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c)) for c in changes]
+        events = [
+            NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c)) for c in plan.changes
+        ]
         try:
             # FenceConflict propagates: retry_fenced re-decides.
             self._store.append(agent, events, expected_seq=len(session.events))
@@ -279,21 +281,3 @@ class DueOwner:
             log.warning("dispatch barrier for %s failed: %s", agent, exc.reason)
             return WakeOutcome.BARRIER_FAILED
         return None
-
-
-def _render(
-    decision: DispatchOne | DispatchBatch,
-) -> tuple[str, list[Pair], list[DispatchChange]]:
-    if isinstance(decision, DispatchOne):
-        record = decision.record
-        text = one_shot_frame(record.id, record.scheduledAt, record.prompt)
-        pair = Pair(scheduleId=record.id, occurrenceAt=record.scheduledAt)
-        return text, [pair], [DispatchChange(id=record.id)]
-    accepted = format_instant(decision.accepted_ms)
-    items = [
-        (r.id, format_instant(occurrence_at(r, decision.accepted_ms)), r.prompt)
-        for r in decision.records
-    ]
-    text = batch_frame(items)
-    pairs = [Pair(scheduleId=i, occurrenceAt=o) for i, o, _ in items]
-    return text, pairs, [DispatchChange(id=r.id, acceptedAt=accepted) for r in decision.records]

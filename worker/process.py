@@ -31,10 +31,22 @@ class ScheduleWorker(SimpleWorker):
     on Redis."""
 
     stop_requested = False
+    # rq retries a lost connection while it waits for a job, doubling its pause up to this
+    # cap: keep it short, so the worker is back soon after Redis is.
+    max_connection_wait_time = 2.0
 
-    def __init__(self, *args: Any, owner: DueOwner, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, owner: DueOwner, outage: Outage | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.owner = owner
+        self.outage = outage
+
+    def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().dequeue_job_and_maintain_ttl(*args, **kwargs)
+        if self.outage is not None:
+            self.outage.succeeded()  # rq's own retries got through to Redis again
+        return result
 
     def execute_job(self, job: Any, queue: Any) -> None:
         with serving(self.owner):
@@ -46,13 +58,20 @@ class ScheduleWorker(SimpleWorker):
 
 
 class _OutageNoise(logging.Filter):
-    """Drops rq's own lines about a lost connection: the outage is told once, by us."""
+    """Turns rq's own lines about a lost connection into our one line per outage."""
+
+    def __init__(self, outage: Outage) -> None:
+        super().__init__()
+        self._outage = outage
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
             return False
-        return "could not connect to Redis" not in record.getMessage()
+        if "could not connect to Redis" in record.getMessage():
+            self._outage.failed(ConnectionError())
+            return False
+        return True
 
 
 def run_worker(settings: Settings, *, burst: bool = False) -> int:
@@ -63,12 +82,13 @@ def run_worker(settings: Settings, *, burst: bool = False) -> int:
     owner = build_owner(client, settings)
     outage = Outage(log, "worker")
     stopped = threading.Event()
-    logging.getLogger("rq.worker").addFilter(_OutageNoise())
+    logging.getLogger("rq.worker").addFilter(_OutageNoise(outage))
     log.info("worker serving queue %s, sessions in %s", settings.queue, settings.sessions)
     level = logging.getLevelName(logging.getLogger().level)
     while not stopped.is_set():
         worker = ScheduleWorker(
-            [Queue(settings.queue, connection=client)], connection=client, owner=owner
+            [Queue(settings.queue, connection=client)], connection=client, owner=owner,
+            outage=outage,
         )
         try:
             worker.work(burst=burst, with_scheduler=False, logging_level=level)
