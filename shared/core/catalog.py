@@ -156,7 +156,9 @@ def create_input_schema() -> dict[str, Any]:
         "every_seconds": {
             "type": "integer",
             "minimum": MIN_EVERY_SECONDS,
-            "maximum": MAX_EVERY_SECONDS,
+            # Any safe integer is accepted; one whose milliseconds are not safe answers
+            # time_out_of_range, as its target cannot be represented.
+            "maximum": MAX_SAFE_INTEGER,
             "description": "Fixed-rate reminder every this many seconds (at least 300).",
         },
     }
