@@ -26,6 +26,7 @@ from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.bridge import Delivery
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.scheduler.process import rebuild
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.core.fold import fold
@@ -44,9 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=Path, help="session directory (default: a temp dir)")
     parser.add_argument("--redis", help="real Redis URL: run real worker/scheduler processes")
 
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Timeline:
@@ -78,7 +76,7 @@ class Demo:
         self.delivered: list[Delivery] = []
         if redis_url is None:
             self.system = EmbeddedSystem(
-                self.store, self.settings, clock=_wall_ms, sleep=time.sleep,
+                self.store, self.settings, clock=wall_clock_ms, sleep=time.sleep,
                 on_delivery=self._on_delivery,
             )
             self.coordination = self.system.coordination
@@ -154,7 +152,7 @@ class Demo:
             self.coordination.client.delete(f"rq:queue:{self.settings.queue}")
             self.host = self._start_real_host()
         self.host.open_root(SESSION)
-        report = rebuild(self.coordination, self.settings, now_ms=_wall_ms())
+        report = rebuild(self.coordination, self.settings, now_ms=wall_clock_ms())
         self.t.say(f"host restarted; rebuild woke {list(report.woken)}")
 
     def close(self) -> None:
@@ -177,7 +175,7 @@ class Demo:
         return json.loads(result.content)
 
     def script(self) -> int:
-        self.store.create(SessionHeader(id=SESSION, createdAt=_wall_ms(),
+        self.store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(),
                                         timeZone="Europe/Berlin"))
         self.t.say(f"session {SESSION!r} created in {self.settings.sessions}")
         self.start_processes()
@@ -185,7 +183,7 @@ class Demo:
         self.t.say(f"root agent {SESSION!r} created; Schedule installed: {sorted(agent.tools)}")
 
         self.tool("schedule_create", {"prompt": "Stand up and stretch", "after_seconds": 3})
-        local = to_datetime(_wall_ms() + 6000).astimezone(load_zone(ZONE))
+        local = to_datetime(wall_clock_ms() + 6000).astimezone(load_zone(ZONE))
         self.tool("schedule_create", {"prompt": "Call the team", "at": {
             "date": local.strftime("%Y-%m-%d"), "time": local.strftime("%H:%M:%S"),
             "time_zone": ZONE}})

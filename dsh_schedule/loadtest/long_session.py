@@ -15,11 +15,12 @@ from pathlib import Path
 
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.loadtest import baseline as bare
-from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls, wall_ms
+from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls
 from dsh_schedule.loadtest.report import LongSessionFigure, SessionSize
 from dsh_schedule.loadtest.runtime import Runtime
 from dsh_schedule.loadtest.sessions import DAY_MS, conversation, write_session
 from dsh_schedule.loadtest.stats import Latency, Progress, cost_ratio, latency, per_second
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import Event
 from dsh_schedule.shared.store.codec import encode_event
@@ -29,7 +30,7 @@ def measure_long_session(rt: Runtime, plan: Plan, progress: Progress) -> LongSes
     progress.phase("long session", f"{plan.session_calls} creates on sessions of "
                    + ", ".join(f"{n:,}" for n in plan.session_sizes) + " events")
     coord = Coordination(rt.client, rt.settings)
-    tools = ScheduleTools(rt.store, coord, rt.settings, wall_ms)
+    tools = ScheduleTools(rt.store, coord, rt.settings, wall_clock_ms)
     sizes: list[SessionSize] = []
     errors = 0
     for length in plan.session_sizes:
@@ -56,11 +57,11 @@ def _ends(sizes: Sequence[SessionSize]) -> tuple[SessionSize, SessionSize]:
 def _measure_size(rt: Runtime, coord: Coordination, tools: ScheduleTools, plan: Plan,
                   length: int) -> tuple[SessionSize, int]:
     agent = f"{plan.tag}-s{length}"
-    start_ms = wall_ms() - length * 1000 - DAY_MS
+    start_ms = wall_clock_ms() - length * 1000 - DAY_MS
     events = conversation(length, start_ms=start_ms)
     write_session(rt.store, agent, events, created_at_ms=start_ms)
     file_bytes = rt.store.path(agent).stat().st_size
-    coord.leases.grant(agent, rt.settings.queue, now_ms=wall_ms(),
+    coord.leases.grant(agent, rt.settings.queue, now_ms=wall_clock_ms(),
                        ttl_s=rt.settings.lease_ttl_s)
     started = time.perf_counter()
     first = tools.call(agent, "schedule_create", create_args(0, FAR_S))

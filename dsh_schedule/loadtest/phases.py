@@ -32,6 +32,7 @@ from dsh_schedule.loadtest.stats import (
     per_second,
     rate_ratio,
 )
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import FollowupEntry, Followups, Pair
 from dsh_schedule.shared.coordination.keys import Keys
@@ -64,9 +65,6 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     rebuild_db: int
     max_seconds: float
 
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class RecordingFollowups(Followups):
@@ -126,7 +124,7 @@ def open_agents(rt: Runtime, plan: Plan, names: Sequence[str], *, recording: boo
                 settings: Settings | None = None) -> Hosts:
     """New sessions, opened as root agents of ``plan.hosts`` new hosts (each install leases
     the agent and enqueues its first wake); waits until those wakes ran."""
-    now = wall_ms()
+    now = wall_clock_ms()
     for name in names:
         write_session(rt.store, name, [], created_at_ms=now, durable=False)
     os.sync()
@@ -205,7 +203,7 @@ def bare_creates(rt: Runtime, plan: Plan, names: Sequence[str]) -> OpResult:
     root.mkdir(parents=True, exist_ok=True)
     paths = [root / f"{n}.jsonl" for n in names]
     scheduler = bare.scheduler_for(f"{rt.settings.prefix}bare:", rt.client)
-    start = wall_ms() + FAR_S * 1000
+    start = wall_clock_ms() + FAR_S * 1000
 
     def create(i: int) -> bool:
         bare.bare_create(scheduler, rt.settings.queue, paths[i % len(paths)],
@@ -254,13 +252,13 @@ def _due_run(rt: Runtime, plan: Plan, progress: Progress, workers: int) -> _DueR
                                    len(names), plan.threads, progress)
         time.sleep(2.1)  # every wake's whole-second score is now in the past
         hosts.renew_leases()
-        start_ms = wall_ms()
+        start_ms = wall_clock_ms()
         watch = Stopwatch()
         rt.move_due()
         move_seconds = watch.seconds()
         rt.run_until(lambda: _idle(rt, queue), 300.0,
                      status=lambda: progress.tick("running the wakes"))
-        seconds = (wall_ms() - start_ms) / 1000
+        seconds = (wall_clock_ms() - start_ms) / 1000
         dispatched = sum(_xlens(rt.client, hosts.coordination.keys, names))
         hosts.close()
         bare_seconds = bare_noops(rt, plan, queue, len(names), progress)
@@ -321,7 +319,7 @@ def measure_lateness(rt: Runtime, plan: Plan, progress: Progress) -> LatenessFig
     assert isinstance(written, RecordingFollowups)
     rt.start_mover()  # up before the first create
     due = _create_spread(hosts, names, plan)
-    last_due_s = (max(due.values(), default=wall_ms()) - wall_ms()) / 1000
+    last_due_s = (max(due.values(), default=wall_clock_ms()) - wall_clock_ms()) / 1000
     rt.run_until(
         lambda: len(deliveries.session_ms) >= len(due), last_due_s + 60.0, hosts=hosts.hosts,
         status=lambda: progress.tick(f"{len(deliveries.session_ms)}/{len(due)} delivered"),
@@ -362,7 +360,7 @@ def bare_lateness(rt: Runtime, plan: Plan, progress: Progress) -> Latency:
     progress.note(f"bare: {plan.late_reminders} jobs scheduled over {plan.window_s} s")
     stream = f"{rt.settings.prefix}bare-marks"
     scheduler = bare.scheduler_for(rt.settings.prefix, rt.client)
-    first_s = wall_ms() // 1000 + plan.lead_s
+    first_s = wall_clock_ms() // 1000 + plan.lead_s
     for i in range(plan.late_reminders):
         due_ms = (first_s + (i * plan.window_s) // plan.late_reminders) * 1000
         scheduler.enqueue_at(

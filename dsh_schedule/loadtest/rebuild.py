@@ -19,12 +19,13 @@ from rq import Queue
 from rq.job import Job
 
 from dsh_schedule.loadtest import baseline as bare
-from dsh_schedule.loadtest.phases import Plan, timed_calls, wall_ms
+from dsh_schedule.loadtest.phases import Plan, timed_calls
 from dsh_schedule.loadtest.report import MemoryFigure, RebuildFigure
 from dsh_schedule.loadtest.runtime import Runtime, queue_idle
 from dsh_schedule.loadtest.sessions import DAY_MS, reminders, write_session
 from dsh_schedule.loadtest.stats import Progress, Stopwatch, cost_ratio
 from dsh_schedule.scheduler.process import rebuild
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import is_embedded
 from dsh_schedule.shared.coordination.keys import Keys
@@ -72,7 +73,7 @@ def measure_rebuild(rt: Runtime, plan: Plan, progress: Progress, *,
 
 def _write_sessions(rt: Runtime, names: Sequence[str], records: int,
                     progress: Progress) -> None:
-    base = wall_ms() + DAY_MS
+    base = wall_clock_ms() + DAY_MS
     for i, name in enumerate(names):
         write_session(rt.store, name, reminders(records, agent_index=i, base_ms=base),
                       created_at_ms=base - 2 * DAY_MS, durable=False)
@@ -82,7 +83,7 @@ def _write_sessions(rt: Runtime, names: Sequence[str], records: int,
 
 def _grant(rt: Runtime, coord: Coordination, names: Sequence[str], threads: int) -> float:
     """Lease every agent (as each host's renewal does after a flush); seconds taken."""
-    now = wall_ms()
+    now = wall_clock_ms()
 
     def grant(i: int) -> bool:
         coord.leases.grant(names[i], rt.settings.queue, now_ms=now,
@@ -100,7 +101,7 @@ def _rebuild_until_armed(rt: Runtime, coord: Coordination, n: int,
     key = coord.keys.scheduled_jobs()
     queue = Queue(rt.settings.queue, connection=rt.client)
     watch = Stopwatch()
-    rebuild(coord, rt.settings, now_ms=wall_ms())
+    rebuild(coord, rt.settings, now_ms=wall_clock_ms())
     enqueue = watch.seconds()
 
     def armed() -> bool:
@@ -189,7 +190,7 @@ def _bare_rearm(rt: Runtime, plan: Plan, n: int,
     prefix = f"{rt.settings.prefix}bare:"
     key = Keys(prefix).scheduled_jobs()
     queue = Queue(rt.settings.queue, connection=rt.client)
-    target = wall_ms() + DAY_MS
+    target = wall_clock_ms() + DAY_MS
     jobs = [Queue.prepare_data(bare.REARM, args=(prefix, rt.settings.queue,
                                                  f"{plan.tag}-br-{i}", target + i * 1000),
                                job_id=f"{plan.tag}-bq-{i}", result_ttl=0,

@@ -29,6 +29,7 @@ from rq import Queue
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.loadtest.baseline import NOOP, scheduler_for
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
 
@@ -93,7 +94,7 @@ class EmbeddedRuntime:
     def __init__(self, sessions: Path, settings: Settings) -> None:
         self.settings = settings
         self.store = JsonlStore(sessions)
-        self.system = EmbeddedSystem(self.store, settings, clock=_wall_ms, sleep=time.sleep)
+        self.system = EmbeddedSystem(self.store, settings, clock=wall_clock_ms, sleep=time.sleep)
         self.client = self.system.client
         self.workers = 1
         self.deadline = math.inf
@@ -351,6 +352,3 @@ def _glob_escape(text: str) -> str:
 def _batches(items: list[bytes], size: int) -> list[list[bytes]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
