@@ -1,12 +1,15 @@
 """``dsh-schedule loadtest``: N hosts x M agents x K reminders, beside the bare libraries.
 
-N reference hosts run in this process (``--hosts``), each holding its share of the agents.
-Without ``--redis`` everything runs in this process on the embedded Redis. With a Redis URL
-the load test spawns real ``dsh-schedule worker`` (and, for delivery lateness,
-``scheduler``) processes under a prefix and queue of its own, runs the host in this
-process, and deletes only the keys it wrote. The run is bounded in count by its flags and
-in time by ``--max-seconds``; progress goes to stderr, a summary table to stdout, and every
-figure to a JSON file.
+Phases create, session, due, lateness and rebuild run N reference hosts in this process
+(``--hosts``), each holding its share of the agents. Without ``--redis`` everything runs in
+this process on the embedded Redis. With a Redis URL the load test spawns real
+``dsh-schedule worker`` (and, for delivery lateness, ``scheduler``) processes under a
+prefix and queue of its own, runs the hosts in this process, and deletes only the keys it
+wrote. Phases idle, burst and memory need ``--redis``: every part of the system runs in a
+process of its own there (workers, scheduler, and a ``dsh-schedule host`` process), and
+their figures are read from /proc, Redis INFO and the session logs. The run is bounded in
+count by its flags and in time by ``--max-seconds``; progress goes to stderr, a summary
+table to stdout, and every figure to a JSON file.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ import redis
 
 from dsh_schedule.loadtest.long_session import measure_long_session
 from dsh_schedule.loadtest.phases import Plan, measure_create, measure_due, measure_lateness
+from dsh_schedule.loadtest.processes import (
+    RuntimeFactory,
+    measure_burst,
+    measure_idle,
+    measure_process_memory,
+)
 from dsh_schedule.loadtest.rebuild import measure_rebuild
 from dsh_schedule.loadtest.report import Figures, Result, render_table, targets
 from dsh_schedule.loadtest.runtime import (
@@ -40,9 +49,12 @@ from dsh_schedule.loadtest.runtime import (
 from dsh_schedule.loadtest.stats import Progress, Stopwatch, machine
 from dsh_schedule.shared.settings import Settings
 
-PHASES: Final = ("create", "session", "due", "lateness", "rebuild")
+PHASES: Final = ("create", "session", "due", "lateness", "rebuild", "idle", "burst", "memory")
+# Phases where every part is a process of its own: with --redis only.
+PROCESS_PHASES: Final = ("idle", "burst", "memory")
 
-# (flag, Plan field, full run, embedded run, smoke run, upper bound)
+# (flag, Plan field, full run, embedded run, smoke run, upper bound); the sizes of the
+# process phases have no embedded column of their own (they need --redis).
 _SIZES: Final = (
     ("--hosts", "hosts", 2, 1, 1, 64),
     ("--workers", "workers", 2, 1, 1, 16),
@@ -56,7 +68,15 @@ _SIZES: Final = (
     ("--window", "window_s", 12, 5, 2, 120),  # seconds
     ("--rebuild-agents", "rebuild_agents", 10_000, 1000, 12, 200_000),
     ("--rebuild-records", "rebuild_records", 10, 10, 3, 100),
+    ("--idle-agents", "idle_agents", 20_000, 20_000, 20, 200_000),
+    ("--idle-window", "idle_window_s", 60, 60, 2, 3600),  # seconds
+    ("--idle-warmup", "idle_warmup_s", 10, 10, 1, 600),  # seconds
+    ("--burst-agents", "burst_agents", 10_000, 10_000, 20, 100_000),
+    ("--memory-sessions", "memory_sessions", 1000, 1000, 3, 10_000),
+    ("--memory-events", "memory_events", 10_000, 10_000, 1000, 1_000_000),
 )
+_PROCESS_SIZES: Final = frozenset({"idle_agents", "idle_window_s", "idle_warmup_s",
+                                   "burst_agents", "memory_sessions", "memory_events"})
 _SESSION_SIZES: Final = {
     "full": (0, 100, 1_000, 10_000, 100_000),
     "embedded": (0, 100, 1_000, 10_000, 100_000),
@@ -83,18 +103,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run that finishes in seconds (on the embedded Redis "
                         "unless --redis is given)")
-    parser.add_argument("--phases", default=",".join(PHASES),
-                        help="comma-separated subset of " + ",".join(PHASES))
+    parser.add_argument("--phases",
+                        help="comma-separated subset of " + ",".join(PHASES) + " (default: "
+                        "all; " + ",".join(PROCESS_PHASES) + " only with --redis)")
     parser.add_argument("--session-sizes", metavar="N,N,...",
                         help="session lengths in events for the long-session figure")
-    parser.add_argument("--max-seconds", type=float, default=900.0, metavar="S",
+    parser.add_argument("--max-seconds", type=float, default=3600.0, metavar="S",
                         help="time bound: no phase starts after it and every wait gives "
-                        "up at it (default: 900)")
+                        "up at it (default: 3600)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     for flag, field, full, embedded, smoke, bound in _SIZES:
-        parser.add_argument(flag, type=int, dest=field, metavar="N",
-                            help=f"default {full} with --redis, {embedded} embedded, "
-                            f"{smoke} with --smoke (at most {bound})")
+        if field in _PROCESS_SIZES:
+            text = f"default {full}, {smoke} with --smoke (at most {bound})"
+        else:
+            text = (f"default {full} with --redis, {embedded} embedded, {smoke} with --smoke "
+                    f"(at most {bound})")
+        parser.add_argument(flag, type=int, dest=field, metavar="N", help=text)
 
 
 def build_plan(args: argparse.Namespace, tag: str) -> Plan:
@@ -127,12 +151,26 @@ def _session_sizes(args: argparse.Namespace, scale: str) -> tuple[int, ...]:
     return sizes
 
 
+def select_phases(text: str | None, *, redis: bool) -> list[str]:
+    """The phases to run, in their order: all by default (the process phases only with a
+    Redis); SystemExit for an unknown one, or a process phase asked for without a Redis."""
+    if text is None:
+        return [p for p in PHASES if redis or p not in PROCESS_PHASES]
+    asked = {p.strip() for p in text.split(",") if p.strip()}
+    if unknown := sorted(asked - set(PHASES)):
+        raise SystemExit(f"loadtest: unknown phase(s) {', '.join(unknown)}")
+    if not redis and (need := [p for p in PROCESS_PHASES if p in asked]):
+        raise SystemExit(f"loadtest: phase(s) {', '.join(need)} run real processes and "
+                         "need --redis URL")
+    if not asked:
+        raise SystemExit("loadtest: --phases names no phase")
+    return [p for p in PHASES if p in asked]
+
+
 def run(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger().setLevel(logging.WARNING)
-    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    if unknown := sorted(set(phases) - set(PHASES)):
-        raise SystemExit(f"loadtest: unknown phase(s) {', '.join(unknown)}")
+    phases = select_phases(args.phases, redis=bool(args.redis))
     tag = f"lt{uuid.uuid4().hex[:8]}"
     plan = build_plan(args, tag)
     progress = Progress(quiet=args.quiet)
@@ -173,9 +211,48 @@ def _run_phases(args: argparse.Namespace, plan: Plan, phases: list[str], root: P
 
     if args.redis and "rebuild" in phases:
         _check_rebuild_db(args.redis, plan.rebuild_db)
+    version = _redis_version(args.redis)
+    deadline = time.monotonic() + plan.max_seconds
+    in_process = [p for p in phases if p not in PROCESS_PHASES]
+    if in_process:
+        _in_process_phases(args, plan, in_process, sessions, figures, progress, budget_left,
+                           deadline)
+
+    def open_runtime(suffix: str, workers: int) -> RedisRuntime:
+        return _phase_runtime(args.redis, plan, sessions, suffix, workers, deadline)
+
+    process_steps: list[tuple[str, Callable[[RuntimeFactory], None]]] = [
+        ("idle", lambda f: setattr(figures, "idle", measure_idle(f, plan, progress))),
+        ("burst", lambda f: setattr(figures, "burst", measure_burst(f, plan, progress))),
+        ("memory", lambda f: setattr(figures, "process_memory",
+                                     measure_process_memory(f, plan, progress))),
+    ]
+    for name, process_step in process_steps:
+        if name in phases and budget_left(name):
+            process_step(open_runtime)
+    if mode == "embedded":
+        notes.append("embedded Redis: one process, one in-process worker; Redis memory is "
+                     "not measured, the targets (set for real Redis) are not judged, and "
+                     "phases " + ", ".join(PROCESS_PHASES) + " (real processes) need --redis")
+    if figures.process_memory is not None and figures.process_memory.note:
+        notes.append(f"memory: {figures.process_memory.note}")
+    if args.smoke:
+        notes.append("smoke run: sizes far below the targets' scale; figures are indicative")
+    return Result(
+        version=1, mode=mode, started_at=started.isoformat(timespec="seconds"),
+        seconds=round(watch.seconds(), 1), command=["dsh-schedule", *sys.argv[1:]],
+        machine=machine(version),
+        plan=msgspec.to_builtins(plan), figures=figures,
+        targets=targets(figures, real_redis=mode == "redis"), notes=notes,
+    )
+
+
+def _in_process_phases(args: argparse.Namespace, plan: Plan, phases: list[str],
+                       sessions: Path, figures: Figures, progress: Progress,
+                       budget_left: Callable[[str], bool], deadline: float) -> None:
+    """The phases with the hosts in this process (create, session, due, lateness, rebuild)."""
     main = _runtime(args, plan, sessions, plan.workers)
-    main.deadline = time.monotonic() + plan.max_seconds
-    version = _redis_version(main)
+    main.deadline = deadline
     try:
         steps: list[tuple[str, Callable[[Runtime], None]]] = [
             ("create", lambda rt: setattr(figures, "create", measure_create(rt, plan, progress))),
@@ -192,18 +269,19 @@ def _run_phases(args: argparse.Namespace, plan: Plan, phases: list[str], root: P
             _rebuild_phase(args, plan, sessions, main, figures, progress)
     finally:
         main.close()
-    if mode == "embedded":
-        notes.append("embedded Redis: one process, one in-process worker; Redis memory is "
-                     "not measured, and the targets (set for real Redis) are not judged")
-    if args.smoke:
-        notes.append("smoke run: sizes far below the targets' scale; figures are indicative")
-    return Result(
-        version=1, mode=mode, started_at=started.isoformat(timespec="seconds"),
-        seconds=round(watch.seconds(), 1), command=["dsh-schedule", *sys.argv[1:]],
-        machine=machine(version),
-        plan=msgspec.to_builtins(plan), figures=figures,
-        targets=targets(figures, real_redis=mode == "redis"), notes=notes,
-    )
+
+
+def _phase_runtime(url: str, plan: Plan, sessions: Path, suffix: str, workers: int,
+                   deadline: float) -> RedisRuntime:
+    """A runtime of its own for a process phase: prefix, queue and keys under
+    ``<run tag>-<suffix>``, deleted when it closes; its workers are not started yet."""
+    tag = f"{plan.tag}-{suffix}"
+    runtime = RedisRuntime(url, sessions, prefix=f"dsh-loadtest-{tag}:",
+                           queue=f"dsh-loadtest-{tag}", workers=workers,
+                           logs=sessions.parent / f"{plan.tag}-logs",
+                           tags=(tag, tag.encode().hex()))
+    runtime.deadline = deadline
+    return runtime
 
 
 def _runtime(args: argparse.Namespace, plan: Plan, sessions: Path, workers: int) -> Runtime:
@@ -259,8 +337,14 @@ def _check_rebuild_db(url: str, db: int) -> None:
         rebuild.close()
 
 
-def _redis_version(rt: Runtime) -> str | None:
-    if rt.mode == "embedded":
+def _redis_version(url: str | None) -> str | None:
+    if not url:
         return None
-    info: Any = rt.client.info("server")
-    return str(info.get("redis_version"))
+    client = redis.Redis.from_url(url)
+    try:
+        info: Any = client.info("server")
+        return str(info.get("redis_version"))
+    except redis.RedisError as exc:
+        raise LoadtestError(f"cannot use Redis at {url}: {exc}") from None
+    finally:
+        client.close()

@@ -64,7 +64,12 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     rebuild_records: int
     rebuild_db: int
     max_seconds: float
-
+    idle_agents: int
+    idle_window_s: int
+    idle_warmup_s: int
+    burst_agents: int
+    memory_sessions: int
+    memory_events: int
 
 
 class RecordingFollowups(Followups):

@@ -3,8 +3,10 @@
 ``EmbeddedRuntime`` steps the whole system in this process on the embedded Redis (the
 mover, one ``SimpleWorker``, the hosts). ``RedisRuntime`` runs real ``dsh-schedule worker``
 and ``scheduler`` subprocesses against a real Redis under a prefix and queue of its own,
-with the hosts in this process; it deletes only what it wrote (its prefixed keys, the rq
-keys of its queue and its jobs), except in a database it verified empty and owns.
+with the hosts in this process or in a host process of their own (``start_host``), and,
+for the bare-library figures, a plain rq-scheduler process and stock rq workers; it
+deletes only what it wrote (its prefixed keys, the rq keys of its queues and its jobs),
+except in a database it verified empty and owns.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rq import Queue
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.loadtest.baseline import NOOP, scheduler_for
+from dsh_schedule.loadtest.procs import memory
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
@@ -37,6 +40,9 @@ POLL_S: Final = 0.01
 HOST_POLL_S: Final = 0.05
 # However far the run's deadline is, a wait may still take this long (cleanup included).
 GRACE_S: Final = 10.0
+# A host process of many agents forgets each of them in Redis when it stops; the run
+# deletes its keys anyway, so the host gets this long and is then killed.
+HOST_STOP_S: Final = 10.0
 
 
 class LoadtestError(RuntimeError):
@@ -166,6 +172,10 @@ class RedisRuntime:
         self._pools: list[subprocess.Popen[bytes]] = []
         self._queues = [queue]
         self._scheduler: subprocess.Popen[bytes] | None = None
+        # Processes started by role (a host, a bare scheduler), and stock rq workers.
+        self._named: dict[str, subprocess.Popen[bytes]] = {}
+        self._bare_workers: list[subprocess.Popen[bytes]] = []
+        self._bare_queue: str | None = None
         self._spawned = 0
         self._closed = False
         if owns_db and self.client.dbsize():
@@ -202,13 +212,8 @@ class RedisRuntime:
         if self._scheduler is not None and self._scheduler.poll() is None:
             return
         self._scheduler = self._spawn("scheduler", self.settings.queue)
-        probe = f"{self._tags[0]}-probe-{time.monotonic_ns()}"
-        scheduler = scheduler_for(self.settings.prefix, self.client)
-        scheduler.enqueue_at(datetime.now(UTC) - timedelta(seconds=2), NOOP, job_id=probe,
-                             job_result_ttl=0, queue_name=self.settings.queue)
-        key = scheduler.scheduled_jobs_key
-        if not self._wait(lambda: self.client.zscore(key, probe) is None, timeout_s):
-            raise LoadtestError("the scheduler process did not start; see " + str(self._logs))
+        self._await_probe(self.settings.prefix, self.settings.queue, timeout_s,
+                          "the scheduler process")
 
     def stop_mover(self) -> None:
         self.stop_scheduler()
@@ -219,15 +224,109 @@ class RedisRuntime:
             self._scheduler = None
 
     def _spawn(self, command: str, queue: str) -> subprocess.Popen[bytes]:
+        """A ``dsh-schedule <command>`` process on ``queue``."""
+        return self._launch(command, ["-m", "dsh_schedule", command], queue)
+
+    def _launch(self, name: str, args: Sequence[str], queue: str) -> subprocess.Popen[bytes]:
         self._logs.mkdir(parents=True, exist_ok=True)
         self._spawned += 1
-        with (self._logs / f"{command}-{self._spawned}.log").open("ab") as log:
-            return subprocess.Popen([sys.executable, "-m", "dsh_schedule", command],
+        with (self._logs / f"{name}-{self._spawned}.log").open("ab") as log:
+            return subprocess.Popen([sys.executable, *args],
                                     env={**self._env, "DSH_SCHEDULE_QUEUE": queue},
                                     stdout=log, stderr=subprocess.STDOUT)
 
+    def start_host(self, sessions: Sequence[str]) -> None:
+        """Start the ``dsh-schedule host`` command for ``sessions`` in a process of its own
+        (through ``dsh_schedule.loadtest.host``, which reads the ids from a file: a command
+        line holds only so many)."""
+        self._logs.mkdir(parents=True, exist_ok=True)
+        ids = self._logs / f"host-{self._spawned + 1}-sessions.txt"
+        ids.write_text("".join(f"{s}\n" for s in sessions), encoding="utf-8")
+        self._named["host"] = self._launch(
+            "host", ["-m", "dsh_schedule.loadtest.host", str(ids)], self.settings.queue)
+
+    def start_bare_scheduler(self, prefix: str, queue: str, timeout_s: float = 60.0) -> None:
+        """Start rq-scheduler's own loop (``Scheduler.run``, no code of ours) with its keys
+        under ``prefix``, at the mover interval, moving jobs onto ``queue``; returns once it
+        moved a probe job (run by whatever serves ``queue``)."""
+        self._named["scheduler"] = self._launch(
+            "bare-scheduler", ["-m", "dsh_schedule.loadtest.bare_scheduler", prefix,
+                               str(self.settings.mover_interval_s)], queue)
+        self._await_probe(prefix, queue, timeout_s, "the bare rq-scheduler process")
+
+    def start_bare_workers(self, queue: str, count: int) -> None:
+        """``count`` stock rq ``SimpleWorker`` processes (``python -m rq.cli worker``)."""
+        if self._bare_queue is not None or self._workers:
+            raise LoadtestError("stock rq workers run in a runtime of their own")
+        self._queues.append(queue)
+        self._bare_queue = queue
+        url = self._env["DSH_SCHEDULE_REDIS_URL"]
+        for _ in range(count):
+            self._bare_workers.append(self._launch(
+                "bare-worker", ["-m", "rq.cli", "worker", "--url", url, "--worker-class",
+                                "rq.worker.SimpleWorker", "--logging_level", "WARNING",
+                                queue], queue))
+        self._await_workers(queue, count)
+
+    def pids(self) -> dict[str, int]:
+        """Every process this runtime runs now, by role: host, worker-N, scheduler."""
+        named: dict[str, int] = {}
+        if "host" in self._named:
+            named["host"] = self._named["host"].pid
+        for i, proc in enumerate([*self._workers, *self._bare_workers]):
+            named[f"worker-{i + 1}"] = proc.pid
+        if self._scheduler is not None:
+            named["scheduler"] = self._scheduler.pid
+        for name, proc in self._named.items():
+            named.setdefault(name, proc.pid)
+        return named
+
+    def rss(self, role: str) -> tuple[int | None, int | None]:
+        """(VmRSS, VmHWM) in bytes of the process in ``role`` (see ``pids``)."""
+        pid = self.pids().get(role)
+        if pid is None:
+            return None, None
+        found = memory(pid)
+        return found.rss_bytes, found.hwm_bytes
+
+    def stop(self, role: str) -> None:
+        """Stop a process started by name (a host gets ``HOST_STOP_S``, then is killed)."""
+        proc = self._named.pop(role, None)
+        if proc is not None:
+            _stop(proc, HOST_STOP_S if role == "host" else 15.0)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait, checking only that the child processes still run (no Redis command)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self._check_processes()
+            time.sleep(min(0.5, left))
+
+    def wait(self, done: Callable[[], bool], timeout_s: float,
+             status: Callable[[], None] | None = None, poll_s: float = 0.5) -> bool:
+        """``done()`` every ``poll_s`` until it is true (False at timeout or deadline)."""
+        deadline = _until(timeout_s, self.deadline)
+        while not done():
+            self._check_processes()
+            if time.monotonic() > deadline:
+                return False
+            if status is not None:
+                status()
+            time.sleep(poll_s)
+        return True
+
+    def _await_probe(self, prefix: str, queue: str, timeout_s: float, what: str) -> None:
+        probe = f"{self._tags[0]}-probe-{time.monotonic_ns()}"
+        scheduler = scheduler_for(prefix, self.client)
+        scheduler.enqueue_at(datetime.now(UTC) - timedelta(seconds=2), NOOP, job_id=probe,
+                             job_result_ttl=0, queue_name=queue)
+        key = scheduler.scheduled_jobs_key
+        if not self._wait(lambda: self.client.zscore(key, probe) is None, timeout_s):
+            raise LoadtestError(f"{what} did not start; see {self._logs}")
+
     def _check_processes(self) -> None:
-        running = [*self._workers, *self._pools, *([self._scheduler] if self._scheduler else [])]
+        running = [*self._workers, *self._pools, *([self._scheduler] if self._scheduler else []),
+                   *self._named.values(), *self._bare_workers]
         for proc in running:
             if proc.poll() is not None:
                 raise LoadtestError(f"a child process exited ({proc.returncode}); "
@@ -289,9 +388,16 @@ class RedisRuntime:
         if self._closed:
             return
         self._closed = True
+        if "host" in self._named:  # first: a host would lease its agents again
+            self.stop("host")
+        for role in list(self._named):
+            self.stop(role)
         self.stop_mover()
         self._stop_workers(self.settings.queue, self._workers)
         self._workers.clear()
+        if self._bare_queue is not None:
+            self._stop_workers(self._bare_queue, self._bare_workers)
+            self._bare_workers.clear()
         if self._owns_db:
             self.client.flushdb()
         else:
@@ -326,11 +432,11 @@ def _child_env(url: str, sessions: Path, prefix: str, queue: str) -> dict[str, s
     return env
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], wait_s: float = 15.0) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(15)
+        proc.wait(wait_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)

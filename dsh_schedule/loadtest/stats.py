@@ -119,14 +119,15 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
 def machine(redis_version: str | None) -> Machine:
     return Machine(
         cpus=os.cpu_count(),
-        memory_total_bytes=_memory_total(),
+        memory_total_bytes=memory_total(),
         python=platform.python_version(),
         platform=platform.platform(),
         redis_version=redis_version,
     )
 
 
-def _memory_total() -> int | None:
+def memory_total() -> int | None:
+    """``MemTotal`` of ``/proc/meminfo`` in bytes (None when it cannot be read)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:

@@ -1,4 +1,6 @@
-"""``dsh-schedule loadtest --smoke`` runs end to end and reports every figure (issue 6).
+"""``dsh-schedule loadtest --smoke`` runs end to end and reports every figure (issue 6):
+the in-process phases on the embedded Redis, and the process phases (idle, burst, memory:
+real worker, scheduler and host processes) on the suite's real Redis.
 
 Figures are timings: they are checked for presence and shape only, never against targets.
 """
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import conftest
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +55,30 @@ FIGURES: dict[str, tuple[set[str], set[str]]] = {
 }
 SESSION_SIZE = {"events", "file_bytes", "first_call_ms", "per_s", "latency", "bare_per_s",
                 "bare_latency"}
+PROCESS_FIGURES: dict[str, tuple[set[str], set[str]]] = {
+    "idle": (
+        {"agents", "host_processes", "workers", "ready_seconds", "warmup_s", "ours", "bare",
+         "ratio", "ratio_commands"},
+        {"agents", "ready_seconds", "warmup_s"},
+    ),
+    "burst": (
+        {"agents", "created", "errors", "due_at", "slack_s", "dispatched", "delivered",
+         "missing", "followup", "session", "bare_jobs", "bare", "bare_slack_s", "ratio_p99"},
+        {"agents", "created", "dispatched", "delivered", "bare_jobs", "slack_s",
+         "bare_slack_s"},
+    ),
+    "process_memory": (
+        {"sessions", "events_per_session", "session_bytes", "served", "seconds",
+         "worker_rss_bytes", "worker_hwm_bytes", "worker_start_rss_bytes", "host_rss_bytes",
+         "host_hwm_bytes", "scheduler_rss_bytes", "bare_worker_rss_bytes", "note"},
+        {"session_bytes", "served", "seconds", "worker_rss_bytes", "worker_hwm_bytes",
+         "worker_start_rss_bytes", "host_rss_bytes", "host_hwm_bytes", "scheduler_rss_bytes",
+         "bare_worker_rss_bytes"},
+    ),
+}
+CPU_WINDOW = {"seconds", "processes", "total_cores", "cores_per_1000_agents", "commands_per_s",
+              "redis_cpu_from"}
+TARGETS = 13
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +86,37 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("loadtest")
 
 
-@pytest.fixture(scope="module")
-def result(workdir: Path) -> dict[str, Any]:
-    """One smoke run for every test of this module."""
-    tmp = workdir
-    out = tmp / "result.json"
+def _smoke(workdir: Path, *extra: str, timeout: float) -> dict[str, Any]:
+    out = workdir / "result.json"
     run = subprocess.run(
         [sys.executable, "-m", "dsh_schedule", "loadtest", "--smoke", "--quiet",
-         "--json", str(out)],
-        cwd=tmp, capture_output=True, text=True, timeout=100,
+         "--json", str(out), *extra],
+        cwd=workdir, capture_output=True, text=True, timeout=timeout,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert "figure" in run.stdout and str(out) in run.stdout
     loaded: dict[str, Any] = json.loads(out.read_text())
     return loaded
+
+
+@pytest.fixture(scope="module")
+def result(workdir: Path) -> dict[str, Any]:
+    """One embedded smoke run for the tests of the in-process phases."""
+    return _smoke(workdir, timeout=100)
+
+
+@pytest.fixture(scope="module")
+def process_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("loadtest-processes")
+
+
+@pytest.fixture(scope="module")
+def process_result(process_workdir: Path) -> dict[str, Any]:
+    """One smoke run of the process phases on the suite's real Redis."""
+    conftest.real_redis_client().close()  # fails the test (never skips) with no Redis
+    url = conftest.REAL_REDIS_URL
+    return _smoke(process_workdir, "--redis", url, "--phases", "idle,burst,memory",
+                  timeout=240)
 
 
 def test_the_result_says_what_ran_where(result: dict[str, Any]) -> None:
@@ -124,10 +169,81 @@ def test_memory_is_skipped_with_a_note_on_the_embedded_redis(result: dict[str, A
 
 def test_every_target_is_reported(result: dict[str, Any]) -> None:
     names = [t["name"] for t in result["targets"]]
-    assert len(names) == 7
+    assert len(names) == TARGETS
     for target in result["targets"]:
         assert set(target) == {"name", "target", "measured", "met"}
 
 
+def test_the_process_phases_are_left_to_a_real_redis(result: dict[str, Any]) -> None:
+    for figure in PROCESS_FIGURES:
+        assert result["figures"][figure] is None
+    assert any("need --redis" in note for note in result["notes"])
+
+
 def test_nothing_is_left_in_the_working_directory(result: dict[str, Any], workdir: Path) -> None:
     assert sorted(p.name for p in workdir.iterdir()) == ["result.json"]
+
+
+# -- the process phases, on the suite's real Redis ---------------------------------------
+
+
+@pytest.mark.parametrize("figure", sorted(PROCESS_FIGURES))
+def test_every_process_figure_carries_every_key(process_result: dict[str, Any],
+                                                figure: str) -> None:
+    keys, measured = PROCESS_FIGURES[figure]
+    value = process_result["figures"][figure]
+    assert set(value) == keys
+    for key in measured:
+        assert isinstance(value[key], int | float), key
+
+
+@pytest.mark.parametrize("side", ["ours", "bare"])
+def test_idle_cost_is_read_for_every_process_and_the_server(process_result: dict[str, Any],
+                                                            side: str) -> None:
+    idle = process_result["figures"]["idle"]
+    window = idle[side]
+    assert set(window) == CPU_WINDOW
+    roles = set(window["processes"])
+    assert {"scheduler", "redis-server", "worker-1"} <= roles
+    assert ("host" in roles) == (side == "ours")
+    for role, cores in window["processes"].items():
+        assert isinstance(cores, int | float), role
+    for key in ("total_cores", "cores_per_1000_agents", "commands_per_s"):
+        assert isinstance(window[key], int | float), key
+    assert window["redis_cpu_from"] in ("proc", "info")
+
+
+def test_every_burst_reminder_is_dispatched_and_delivered(process_result: dict[str, Any]) -> None:
+    burst = process_result["figures"]["burst"]
+    assert burst["errors"] == 0 and burst["missing"] == 0
+    assert burst["dispatched"] == burst["delivered"] == burst["agents"]
+    assert burst["bare_jobs"] == burst["agents"]
+    for key in ("followup", "session", "bare"):
+        assert set(burst[key]) == LATENCY
+        assert burst[key]["count"] == burst["agents"]
+
+
+def test_every_long_session_is_served(process_result: dict[str, Any]) -> None:
+    memory = process_result["figures"]["process_memory"]
+    assert memory["served"] == memory["sessions"]
+    assert memory["note"] is None
+
+
+def test_the_process_run_reports_every_target(process_result: dict[str, Any]) -> None:
+    assert process_result["mode"] == "redis"
+    assert len(process_result["targets"]) == TARGETS
+    measured = {t["name"] for t in process_result["targets"] if t["measured"] is not None}
+    assert len(measured) == 5  # the idle, burst and memory targets
+    assert all(t["met"] is None for t in process_result["targets"])  # far below scale
+
+
+def test_the_process_run_leaves_nothing_behind(process_result: dict[str, Any],
+                                               process_workdir: Path) -> None:
+    assert sorted(p.name for p in process_workdir.iterdir()) == ["result.json"]
+    client = conftest.real_redis_client()
+    try:
+        tag = process_result["plan"]["tag"]
+        assert list(client.scan_iter(match=f"*{tag}*")) == []
+        assert list(client.scan_iter(match=f"*{tag.encode().hex()}*")) == []
+    finally:
+        client.close()
