@@ -27,6 +27,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     mover_interval_s: float = 0.2
     reconcile_interval_s: float = 30.0
     early_sleep_s: float = 2.0
+    # What one JSONL store keeps of the sessions it served, in MiB of accounted bytes.
+    cache_mb: int = 256
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -45,6 +47,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "DSH_SCHEDULE_LEASE_RENEW": "lease_renew_s",
             "DSH_SCHEDULE_MOVER_INTERVAL": "mover_interval_s",
             "DSH_SCHEDULE_RECONCILE_INTERVAL": "reconcile_interval_s",
+            "DSH_SCHEDULE_CACHE_MB": "cache_mb",
         }
         for var, field in names.items():
             if env.get(var):
@@ -64,6 +67,11 @@ class SettingsError(ValueError):
 
 
 def _typed(field: str, value: object) -> object:
+    if field == "cache_mb":
+        text = str(value).strip()
+        if not text.isdigit():
+            raise ValueError(f"cache_mb must be a whole number of MiB >= 0, got {value!r}")
+        return int(text)
     if field.endswith("_s"):
         try:
             number = float(str(value))

@@ -1,21 +1,23 @@
 """Re-projection of lost followups from the log (docs/architecture.md#hosts-followups-and-rebuild).
 
 A dispatch in the agent's own suffix that no delivered message covers and no stream
-entry holds gets its followup re-added, re-rendered through the receipt projection by
-the same renderer the due transaction uses, so it is byte-identical to the original frame.
+entry holds gets its followup re-added, rendered from the prompts the ledger kept of it
+by the same renderer the due transaction uses, so it is byte-identical to the original
+frame. The ledger comes with the loaded session: nothing here reads the log again.
 """
 
 from __future__ import annotations
 
 from dsh_schedule.shared.coordination.followups import Followups, Pair
-from dsh_schedule.shared.core.dispatch import group_frame
+from dsh_schedule.shared.core.dispatch import pending_frame
 from dsh_schedule.shared.core.events import Session
 from dsh_schedule.shared.core.ledger import LedgerCache
 
 
 def reproject(followups: Followups, agent: str, session: Session, cache: LedgerCache) -> int:
     """Re-add every lost followup; returns how many entries were added."""
-    missing = cache.ledger(agent, session).undelivered()
+    ledger = cache.ledger(agent, session)
+    missing = ledger.undelivered()
     if not missing:
         return 0
     held: set[Pair] = {p for entry in followups.entries(agent) for p in entry.pairs}
@@ -23,6 +25,6 @@ def reproject(followups: Followups, agent: str, session: Session, cache: LedgerC
     for group in missing:
         if any(p in held for p in group.pairs):
             continue
-        followups.add(agent, group_frame(session, group), group.pairs)
+        followups.add(agent, pending_frame(ledger, group), group.pairs)
         added += 1
     return added

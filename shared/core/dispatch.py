@@ -2,9 +2,10 @@
 (docs/architecture.md#the-due-transaction, docs/architecture.md#hosts-followups-and-rebuild).
 
 A dispatch's frame is rendered in two places: by the due transaction from its decision,
-and by re-projection from the log when the followup was lost. Both build the receipts of
-the dispatch through the replay rules and render them with ``dispatch_frame``, so the two
-frames are byte-identical.
+and by re-projection when the followup was lost — from the prompts the ledger kept of the
+undelivered group (``pending_frame``), or from the log itself (``group_frame``). All of
+them build the receipts of the dispatch through the replay rules and render them with
+``dispatch_frame``, so the frames are byte-identical.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.events import Session
 from dsh_schedule.shared.core.framing import FramingError, batch_frame, one_shot_frame
 from dsh_schedule.shared.core.instant import format_instant
-from dsh_schedule.shared.core.ledger import DispatchGroup, Pair
+from dsh_schedule.shared.core.ledger import DispatchGroup, LedgerView, Pair
 from dsh_schedule.shared.core.presentation import (
     Presentation,
     delivery_presentation,
@@ -91,4 +92,22 @@ def group_frame(session: Session, group: DispatchGroup) -> str:
         if presentation is None:
             raise ScheduleLogError("a dispatch group names an event that is no dispatch", seq)
         shown.append(presentation)
+    return dispatch_frame(shown, batch=group.accepted_at is not None)
+
+
+def pending_frame(ledger: LedgerView, group: DispatchGroup) -> str:
+    """The exact frame the undelivered ``group`` was delivered with, from the prompts the
+    ledger kept: the ledger replayed each record up to its dispatch by the same rules
+    ``group_frame`` replays from the log, so both render the same receipts.
+
+    ScheduleLogError when ``group`` is no undelivered group of ``ledger``; FramingError
+    when its receipts cannot be framed.
+    """
+    prompts = ledger.prompts(group)
+    if prompts is None:
+        raise ScheduleLogError("the group is no undelivered dispatch of the ledger")
+    shown = [
+        Presentation(scheduleId=pair.scheduleId, prompt=prompt, occurrenceAt=pair.occurrenceAt)
+        for pair, prompt in zip(group.pairs, prompts, strict=True)
+    ]
     return dispatch_frame(shown, batch=group.accepted_at is not None)

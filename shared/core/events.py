@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, overload
+from typing import TYPE_CHECKING, Any, Final, overload
 
 import msgspec
+
+if TYPE_CHECKING:
+    # Only for the annotation: the ledger module builds on this one.
+    from dsh_schedule.shared.core.ledger import LedgerView
 
 SCHEDULE_CHANGE: Final = "schedule/change"
 USER_MESSAGE: Final = "user/message"
@@ -41,9 +45,9 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 class EventLog(Sequence[Event]):
     """A read-only view of the first ``length`` events of an append-only list.
 
-    Stores hand these out instead of copying a long log on every read: the list they
-    cache only ever grows, so a view taken at one length keeps seeing exactly those
-    events, whatever is appended later.
+    The in-memory store hands these out instead of copying a long log on every read: the
+    list it keeps only ever grows, so a view taken at one length keeps seeing exactly
+    those events, whatever is appended later.
     """
 
     __slots__ = ("_base", "_length")
@@ -88,10 +92,18 @@ class EventLog(Sequence[Event]):
 
 
 class Session(msgspec.Struct, frozen=True, kw_only=True):
-    """A header and its events, as read from a store (``events[i].seq == i``)."""
+    """A header and its events, as read from a store (``events[i].seq == i``).
+
+    ``events`` may hold only part of the log in memory and read the rest back from the
+    store when asked (docs/architecture.md#session-logs); its length is always the log's.
+    ``ledger`` is the delivery ledger of the session's own suffix at that length, when
+    the store kept one (a store answers one whenever the session's Schedule records
+    fold); None means "derive it from the events".
+    """
 
     header: SessionHeader
     events: Sequence[Event]
+    ledger: LedgerView | None = None
 
     @property
     def seed_length(self) -> int:

@@ -16,7 +16,7 @@ import msgspec
 
 from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event
-from dsh_schedule.shared.core.ledger import Ledger
+from dsh_schedule.shared.core.ledger import dispatch_groups
 from dsh_schedule.shared.core.records import (
     Change,
     CreateChange,
@@ -94,8 +94,7 @@ def own_dispatch_batches(events: Sequence[Event], seed_length: int) -> list[tupl
     ``schedule/change`` in the suffix.
     """
     _check_seed_length(events, seed_length)
-    ledger = Ledger(seed_length).extend(events[seed_length:])
-    return [group.seqs for group in ledger.groups]
+    return [group.seqs for group in dispatch_groups(events[seed_length:], seed_length)]
 
 
 def _check_seed_length(events: Sequence[Event], seed_length: int) -> None:

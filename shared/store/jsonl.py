@@ -2,9 +2,12 @@
 
 One file per session, ``<root>/<escaped id>.jsonl``: line 1 the header, then one event
 per line. Appends hold an exclusive ``flock`` and re-check the length under it, so they
-are atomic and fenced across processes; reads hold a shared one. Each store caches what
-it parsed of every file (keyed by file identity) and the fold of it, and continues from
-there, so a transaction on a long session reads only the new tail.
+are atomic and fenced across processes; reads hold a shared one. Each store caches, per
+file (keyed by file identity), the offset it parsed up to, the event count, the fold,
+the delivery ledger and a window of the latest events (``sessioncache``), and continues
+from there, so a transaction on a long session reads only the new tail. The cache costs
+what the schedule state costs, not what the log's length does, and stays within
+``cache_mb``; older events are read back from the file when asked for (``lazylog``).
 
 The store is for a local filesystem whose ``flock`` and ``fsync`` are coherent.
 """
@@ -12,12 +15,12 @@ The store is for a local filesystem whose ``flock`` and ``fsync`` are coherent.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import stat
-import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -33,15 +36,19 @@ from dsh_schedule.shared.store.codec import (
     fork_header,
     number_events,
 )
-from dsh_schedule.shared.store.foldcache import IncrementalFold, check_append
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
+from dsh_schedule.shared.store.lazylog import read_range
 from dsh_schedule.shared.store.port import SessionExists, missing_session
+from dsh_schedule.shared.store.sessioncache import CachedSession, CacheStats, SessionCache
 
 logger = logging.getLogger(__name__)
 
 SUFFIX: Final[str] = ".jsonl"
 # A file replaced between open() and flock() is opened again, this many times at most.
 _OPEN_ATTEMPTS: Final[int] = 5
+DEFAULT_CACHE_MB: Final[int] = 256
+# A fork copies its parent's lines this many bytes at a time.
+_COPY_BLOCK: Final[int] = 1024 * 1024
 
 def _open(path: Path, flags: int, session_id: str) -> int:
     try:
@@ -59,92 +66,17 @@ def _discard(staging: Path) -> None:
         logger.warning("could not remove the staging file %s", staging.name)
 
 
-def _read_range(fd: int, start: int, stop: int) -> bytes:
-    parts: list[bytes] = []
+def _copy(fd: int, start: int, stop: int, session_id: str) -> Iterator[bytes]:
+    """Bytes ``start:stop`` of the file on ``fd``, a block at a time."""
     while start < stop:
-        part = os.pread(fd, stop - start, start)
-        if not part:
-            break
-        parts.append(part)
-        start += len(part)
-    return b"".join(parts)
-
-
-class _Tail:
-    """What one store has parsed of one session file: its complete lines up to ``offset``.
-
-    Guarded by ``lock``, which is only ever taken while holding the file's flock.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.parsed_bytes = 0
-        self._reset(None)
-
-    def _reset(self, identity: tuple[int, int] | None) -> None:
-        self.identity = identity
-        self.offset = 0
-        self.header: SessionHeader | None = None
-        self.events: list[Event] = []
-        self.fold = IncrementalFold(0)
-        self._session: Session | None = None
-
-    def sync(self, fd: int, st: os.stat_result, session_id: str | None) -> None:
-        """Catch up with the locked file on ``fd``; start over if it was replaced or shrank.
-
-        ``session_id`` is the id the header must carry (None: any id).
-        """
-        identity = (st.st_dev, st.st_ino)
-        if identity != self.identity or st.st_size < self.offset:
-            self._reset(identity)
-        if st.st_size > self.offset:
-            try:
-                chunk = _read_range(fd, self.offset, st.st_size)
-            except OSError as exc:
-                raise PersistenceError(f"cannot read session {session_id!r}") from exc
-            self.parsed_bytes += len(chunk)
-            self._take(chunk, session_id)
-
-    def _take(self, chunk: bytes, session_id: str | None) -> None:
-        # Bytes after the last newline are a torn line (a crash mid-write): not committed.
-        end = chunk.rfind(b"\n") + 1
-        if end == 0:
-            return
-        header = self.header
-        new: list[Event] = []
-        for line in chunk[: end - 1].split(b"\n"):
-            if header is None:
-                header = decode_header_line(line, session_id)
-            else:
-                new.append(decode_event_line(line, len(self.events) + len(new)))
-        if self.header is None and header is not None:
-            self.fold = IncrementalFold(header.seedLength or 0)
-        self.header = header
-        self.offset += end
-        if new:
-            self.events.extend(new)
-            self._session = None
-
-    def require_header(self, session_id: str) -> SessionHeader:
-        """The parsed header; PersistenceError when the file has no complete one."""
-        if self.header is None:
-            raise PersistenceError(f"session {session_id!r} has no complete header")
-        return self.header
-
-    def session(self, session_id: str) -> Session:
-        """The parsed session; PersistenceError when the file has no complete header."""
-        header = self.require_header(session_id)
-        if self._session is None:
-            self._session = Session(header=header, events=EventLog(self.events))
-        return self._session
-
-    def appended(self, events: tuple[Event, ...], size: int, checked: FoldState | None) -> None:
-        """Record an append this store wrote at ``offset``."""
-        self.events.extend(events)
-        self.offset += size
-        self._session = None
-        if checked is not None:
-            self.fold.appended(checked, len(self.events))
+        try:
+            block = read_range(fd, start, min(stop, start + _COPY_BLOCK))
+        except OSError as exc:
+            raise PersistenceError(f"cannot read session {session_id!r}") from exc
+        if not block:
+            raise PersistenceError(f"session {session_id!r} shrank while it was copied")
+        yield block
+        start += len(block)
 
 
 def _stamp(st: os.stat_result) -> tuple[int, ...]:
@@ -154,27 +86,37 @@ def _stamp(st: os.stat_result) -> tuple[int, ...]:
 
 def read_session_file(path: Path) -> Session:
     """The session in any session file, by the rules of ``JsonlStore.read`` (for the
-    ``check``, ``fold`` and ``present`` commands); the header may carry any id."""
-    tail = _Tail()
+    ``check``, ``fold`` and ``present`` commands); the header may carry any id. Every
+    event is held in memory: this is for one file, read once."""
     try:
         with open(path, "rb") as file:
             fcntl.flock(file.fileno(), fcntl.LOCK_SH)
-            tail.sync(file.fileno(), os.fstat(file.fileno()), None)
-    except PersistenceError:
-        raise
+            data = file.read()
     except OSError as exc:
         raise PersistenceError(f"cannot read session file {path.name!r}") from exc
-    return tail.session(path.name)
+    # Bytes after the last newline are a torn line (a crash mid-write): not committed.
+    end = data.rfind(b"\n") + 1
+    if end == 0:
+        raise PersistenceError(f"session file {path.name!r} has no complete header")
+    lines = data[: end - 1].split(b"\n")
+    header = decode_header_line(lines[0], None)
+    events = [decode_event_line(line, seq) for seq, line in enumerate(lines[1:])]
+    return Session(header=header, events=EventLog(events))
 
 
 class JsonlStore:
-    """``SessionStore`` over one JSONL file per session under ``root``. Thread-safe."""
+    """``SessionStore`` over one JSONL file per session under ``root``. Thread-safe.
 
-    def __init__(self, root: Path | str) -> None:
+    ``cache_mb`` bounds what the store keeps of the sessions it served (accounted bytes,
+    least recently used dropped first); a dropped session is parsed from its file again
+    when next used.
+    """
+
+    def __init__(self, root: Path | str, *, cache_mb: float = DEFAULT_CACHE_MB) -> None:
+        if not cache_mb >= 0:
+            raise ValueError(f"cache_mb must be a number of MiB >= 0, got {cache_mb!r}")
         self._root = Path(root)
-        self._lock = threading.Lock()
-        self._tails: dict[str, _Tail] = {}
-        self._flushed: dict[str, tuple[int, ...]] = {}
+        self._cache = SessionCache(int(cache_mb * 1024 * 1024))
 
     @property
     def root(self) -> Path:
@@ -185,8 +127,19 @@ class JsonlStore:
         return self._root / (escape_session_id(session_id) + SUFFIX)
 
     def parsed_bytes(self, session_id: str) -> int:
-        """Bytes of the session's files this store has parsed so far (cache diagnostics)."""
-        return self._tail(session_id).parsed_bytes
+        """Bytes of the session's files this store has parsed since it last cached it
+        (cache diagnostics; 0 when it holds nothing of the session)."""
+        entry = self._cache.peek(session_id)
+        return 0 if entry is None else entry.parsed_bytes
+
+    def cache_stats(self) -> CacheStats:
+        """How many sessions the store keeps, and their accounted bytes (diagnostics)."""
+        return self._cache.stats()
+
+    def cached_bytes(self, session_id: str) -> int | None:
+        """The accounted bytes of the session's cache entry; None when not cached."""
+        entry = self._cache.peek(session_id)
+        return None if entry is None else entry.charged
 
     # -- the SessionStore contract --------------------------------------------------------
 
@@ -195,10 +148,13 @@ class JsonlStore:
 
     def fork(self, parent_id: str, child_id: str, *, created_at_ms: int) -> SessionHeader:
         path = self.path(child_id)
-        parent = self.read(parent_id)
-        header = fork_header(parent.header, child_id, created_at_ms, len(parent.events))
-        lines = [encode_header(header), *(encode_event(e) for e in parent.events)]
-        self._publish(path, child_id, b"".join(lines))
+        with self._synced(parent_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, fd, _):
+            parent = entry.require_header(parent_id)
+            header = fork_header(parent, child_id, created_at_ms, entry.length)
+            # The parent's committed lines, copied as written while its shared flock holds
+            # them still: they parsed as its events, so they parse as the child's.
+            copied = _copy(fd, entry.header_end, entry.offset, parent_id)
+            self._publish(path, child_id, itertools.chain([encode_header(header)], copied))
         return header
 
     def exists(self, session_id: str) -> bool:
@@ -228,40 +184,39 @@ class JsonlStore:
         return sorted(ids)
 
     def read(self, session_id: str) -> Session:
-        with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (tail, _, _):
-            return tail.session(session_id)
+        with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, _, _):
+            return entry.session(session_id, self.path(session_id))
 
     def load(self, session_id: str) -> tuple[Session, FoldState]:
-        with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (tail, _, _):
-            return tail.session(session_id), tail.fold.advance(tail.events)
+        with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, _, _):
+            return entry.session(session_id, self.path(session_id)), entry.fold()
 
     def append(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
     ) -> tuple[Event, ...]:
         candidates = number_events(events, expected_seq)
-        payload = b"".join(encode_event(e) for e in candidates)
-        with self._synced(session_id, os.O_RDWR, fcntl.LOCK_EX) as (tail, fd, size):
-            tail.require_header(session_id)
-            if len(tail.events) != expected_seq:
-                raise FenceConflict(expected_seq, len(tail.events))
+        lines = [encode_event(e) for e in candidates]
+        payload = b"".join(lines)
+        with self._synced(session_id, os.O_RDWR, fcntl.LOCK_EX) as (entry, fd, size):
+            entry.require_header(session_id)
+            if entry.length != expected_seq:
+                raise FenceConflict(expected_seq, entry.length)
             if not candidates:
                 return ()
-            checked = check_append(tail.fold, tail.events, candidates)
-            self._cut_torn_line(fd, size, tail.offset, session_id)
-            self._write_or_roll_back(fd, payload, tail.offset, session_id)
-            tail.appended(candidates, len(payload), checked)
+            entry.digest.check(candidates)
+            self._cut_torn_line(fd, size, entry.offset, session_id)
+            self._write_or_roll_back(fd, payload, entry.offset, session_id)
+            entry.appended(candidates, lines)
         return candidates
 
     def flush(self, session_id: str) -> None:
         fd = _open(self.path(session_id), os.O_RDONLY, session_id)
         try:
             stamp = _stamp(os.fstat(fd))
-            with self._lock:
-                if self._flushed.get(session_id) == stamp:
-                    return  # nothing changed since this store's last successful fsync
+            if self._cache.flushed(session_id) == stamp:
+                return  # nothing changed since this store's last successful fsync
             self._fsync(fd)
-            with self._lock:
-                self._flushed[session_id] = stamp
+            self._cache.mark_flushed(session_id, stamp)
         except OSError as exc:
             # The bytes stay: they may or may not be durable; a later flush confirms them.
             raise PersistenceError(f"flush of session {session_id!r} failed") from exc
@@ -281,22 +236,22 @@ class JsonlStore:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _tail(self, session_id: str) -> _Tail:
-        with self._lock:
-            return self._tails.setdefault(session_id, _Tail())
-
     @contextmanager
     def _synced(
         self, session_id: str, flags: int, operation: int
-    ) -> Iterator[tuple[_Tail, int, int]]:
+    ) -> Iterator[tuple[CachedSession, int, int]]:
         """For the block: the file open and flocked (``operation``), this store's cache
-        of it caught up and locked; yields the cache, the descriptor and the file size."""
+        of it caught up and locked; yields the entry, the descriptor and the file size.
+        Afterwards the entry is counted at its new size and the cache kept in budget."""
         fd, st = self._open_locked(session_id, flags, operation)
         try:
-            tail = self._tail(session_id)
-            with tail.lock:
-                tail.sync(fd, st, session_id)
-                yield tail, fd, st.st_size
+            entry = self._cache.entry(session_id)
+            with entry.lock:
+                try:
+                    entry.sync(fd, st, session_id)
+                    yield entry, fd, st.st_size
+                finally:
+                    self._cache.settle(session_id, entry)
         finally:
             os.close(fd)  # releases the flock
 
@@ -350,7 +305,7 @@ class JsonlStore:
                 raise PersistenceError(f"append to session {session_id!r} failed") from exc
             raise
 
-    def _publish(self, path: Path, session_id: str, payload: bytes) -> None:
+    def _publish(self, path: Path, session_id: str, payload: bytes | Iterable[bytes]) -> None:
         """Make a complete, flushed file appear at ``path`` at once, never replacing one."""
         # The name starts with '.', which no escaped id does, so sessions() never lists it.
         staging = self._root / f".{uuid.uuid4().hex}.staging"
@@ -371,10 +326,13 @@ class JsonlStore:
             _discard(staging)
         self._sync_directory(session_id)
 
-    def _write_staging(self, staging: Path, payload: bytes) -> None:
+    def _write_staging(self, staging: Path, payload: bytes | Iterable[bytes]) -> None:
         fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
-            self._write(fd, payload, 0)
+            offset = 0
+            for part in [payload] if isinstance(payload, bytes) else payload:
+                self._write(fd, part, offset)
+                offset += len(part)
             self._fsync(fd)
         finally:
             os.close(fd)

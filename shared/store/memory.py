@@ -15,22 +15,26 @@ from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.store.codec import fork_header, number_events, stored_value
-from dsh_schedule.shared.store.foldcache import IncrementalFold, check_append
+from dsh_schedule.shared.store.foldcache import LogDigest
 from dsh_schedule.shared.store.ids import escape_session_id
 from dsh_schedule.shared.store.port import SessionExists, missing_session
 
 
 class _Log:
-    """One session: header, events, how many of them a flush confirmed, the fold cache."""
+    """One session: header, events, how many of them a flush confirmed, the fold and
+    ledger (``LogDigest``) the JSONL store keeps too."""
 
     def __init__(self, header: SessionHeader, events: Sequence[Event]) -> None:
         self.header = header
         self.events: list[Event] = list(events)
         self.durable = len(self.events)
-        self.fold = IncrementalFold(header.seedLength or 0)
+        self.digest = LogDigest(header.seedLength or 0)
+        self.digest.feed(self.events)
 
     def session(self) -> Session:
-        return Session(header=self.header, events=EventLog(self.events))
+        return Session(
+            header=self.header, events=EventLog(self.events), ledger=self.digest.ledger()
+        )
 
 
 class MemoryStore:
@@ -111,7 +115,7 @@ class MemoryStore:
     def load(self, session_id: str) -> tuple[Session, FoldState]:
         with self._lock:
             log = self._readable(session_id)
-            return log.session(), log.fold.advance(log.events)
+            return log.session(), log.digest.fold()
 
     def append(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
@@ -123,13 +127,12 @@ class MemoryStore:
             log = self._get(session_id)
             if len(log.events) != expected_seq:
                 raise FenceConflict(expected_seq, len(log.events))
-            checked = check_append(log.fold, log.events, candidates)
+            log.digest.check(candidates)
             if self._append_failures > 0:
                 self._append_failures -= 1
                 raise PersistenceError(f"injected write failure for session {session_id!r}")
             log.events.extend(candidates)
-            if checked is not None:
-                log.fold.appended(checked, len(log.events))
+            log.digest.feed(candidates)
             return candidates
 
     def flush(self, session_id: str) -> None:

@@ -4,7 +4,9 @@ The session event log is the only authority for Schedule state. A store keeps on
 append-only log per session: a header, then events whose ``seq`` equals their index.
 This module holds the ``SessionStore`` protocol and the failures every store shares; the
 stores are built from ``ids`` (session id escaping), ``codec`` (the log lines) and
-``foldcache`` (the cached fold and the append invariant). No I/O happens here.
+``foldcache`` (the fold and ledger kept per log, and the append invariant); the JSONL
+store adds ``sessioncache`` (what it keeps per file, within a byte budget) and ``lazylog``
+(events read back from the file). No I/O happens here.
 """
 
 from __future__ import annotations
@@ -61,7 +63,13 @@ class SessionStore(Protocol):
         ...
 
     def read(self, session_id: str) -> Session:
-        """The header and every committed event.
+        """The header and every committed event, and the delivery ledger of the own
+        suffix (``Session.ledger``; None when the Schedule records do not fold).
+
+        ``len(events)`` is the log's length, the fence for the next append. The events
+        need not all be in memory: one read back from the log when indexed raises
+        ``PersistenceError`` if the log has been replaced since. A session never changes
+        as the log grows after it was read.
 
         ``PersistenceError`` when the session is missing or unreadable;
         ``ScheduleLogError`` when a line before the last is malformed or ``seq`` is not
@@ -71,7 +79,8 @@ class SessionStore(Protocol):
         ...
 
     def load(self, session_id: str) -> tuple[Session, FoldState]:
-        """``read`` plus the fold of ``events[seedLength:]``, both cached incrementally.
+        """``read`` plus the fold of ``events[seedLength:]``, both kept incrementally;
+        the session always carries its ledger.
 
         ``ScheduleLogError`` when the session's own Schedule records are corrupt or
         ``seedLength`` lies outside the log.

@@ -100,6 +100,22 @@ def test_a_fork_header_names_its_parent_and_seed_length(store: JsonlStore) -> No
     )
 
 
+def test_a_fork_copies_the_parents_committed_lines_as_written(store: JsonlStore) -> None:
+    # given a long parent, one line written by another host's encoder, and a torn tail
+    store.create(header("p"))
+    store.append("p", [message(f"m{i}") for i in range(300)], 0)
+    path = store.path("p")
+    with path.open("ab") as f:
+        f.write(b'{"type": "note", "seq": 300, "time": 1, "data": [1, 2]}\n{"type":"no')
+    # when it is forked
+    child = store.fork("p", "c", created_at_ms=7)
+    # then the child holds the parent's complete lines, byte for byte, and reads back alike
+    assert child.seedLength == 301
+    parent_lines = path.read_bytes().split(b"\n")[1:-1]
+    assert store.path("c").read_bytes().split(b"\n")[1:] == [*parent_lines, b""]
+    assert JsonlStore(store.root).read("c").events == store.read("p").events
+
+
 def test_create_and_fork_leave_only_session_files(store: JsonlStore) -> None:
     store.create(header("p"))
     store.fork("p", "c", created_at_ms=T0)

@@ -12,6 +12,7 @@ from dsh_schedule.shared.core.dispatch import (
     DispatchPlan,
     dispatch_frame,
     group_frame,
+    pending_frame,
     plan_dispatch,
 )
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, due_decision
@@ -26,7 +27,13 @@ from dsh_schedule.shared.core.events import (
 from dsh_schedule.shared.core.fold import fold
 from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.shared.core.ledger import DispatchGroup, Ledger, Pair
+from dsh_schedule.shared.core.ledger import (
+    DispatchGroup,
+    Ledger,
+    Pair,
+    dispatch_groups,
+    reminder_source,
+)
 from dsh_schedule.shared.core.presentation import Presentation
 from dsh_schedule.shared.core.records import (
     AtSchedule,
@@ -208,11 +215,30 @@ def test_re_projection_renders_the_frame_the_dispatch_planned(before: Session, n
 
     # when the dispatch is appended and its group is read back from the log
     after = dispatched(before, plan)
-    (group,) = Ledger(after.seed_length).extend(after.events[after.seed_length :]).undelivered()
+    ledger = Ledger(after.seed_length).extend(after.events[after.seed_length :])
+    (group,) = ledger.undelivered()
 
-    # then re-projection renders the same frame and names the same pairs
+    # then re-projection renders the same frame, from the log and from what the ledger
+    # kept of it, and names the same pairs
     assert group_frame(after, group) == plan.text
+    assert pending_frame(ledger.view(), group) == plan.text
     assert group.pairs == plan.pairs
+
+
+def test_a_group_the_ledger_does_not_hold_undelivered_has_no_pending_frame() -> None:
+    # given a one-shot dispatched and then delivered
+    before = session(create(at("schedule-1", "09:00:00.000", "call back")))
+    decision = due_decision(fold(before.events), parse_instant(t("09:00:00.000")))
+    assert isinstance(decision, DispatchOne)
+    after = dispatched(before, plan_dispatch(decision))
+    ledger = Ledger(0).extend(after.events)
+    (group,) = ledger.undelivered()
+    delivery = {"content": [], "source": reminder_source(group.pairs)}
+    ledger.extend([Event(type=USER_MESSAGE, seq=len(after.events), time=0, data=delivery)])
+    # then the ledger renders no frame for it
+    assert ledger.undelivered() == []
+    with pytest.raises(ScheduleLogError, match="no undelivered dispatch"):
+        pending_frame(ledger.view(), group)
 
 
 def test_a_group_names_its_batch_time_and_a_one_shot_none() -> None:
@@ -220,14 +246,13 @@ def test_a_group_names_its_batch_time_and_a_one_shot_none() -> None:
     decision = due_decision(fold(before.events), parse_instant(t("09:07:30.250")))
     assert isinstance(decision, DispatchBatch)
     after = dispatched(before, plan_dispatch(decision))
-    ledger = Ledger(0).extend(after.events)
-    assert [g.accepted_at for g in ledger.groups] == [t("09:07:30.250")]
+    assert [g.accepted_at for g in dispatch_groups(after.events, 0)] == [t("09:07:30.250")]
 
     one = SAME_FRAME[0].values[0]
     one_decision = due_decision(fold(one.events), parse_instant(t("09:00:00.000")))
     assert isinstance(one_decision, DispatchOne)
     one_after = dispatched(one, plan_dispatch(one_decision))
-    assert [g.accepted_at for g in Ledger(0).extend(one_after.events).groups] == [None]
+    assert [g.accepted_at for g in dispatch_groups(one_after.events, 0)] == [None]
 
 
 @pytest.mark.parametrize(

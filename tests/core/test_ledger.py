@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, overload
 
 import pytest
 
@@ -15,11 +16,15 @@ from dsh_schedule.shared.core.events import (
     Session,
     SessionHeader,
 )
+from dsh_schedule.shared.core.fold import fold
 from dsh_schedule.shared.core.ledger import (
     DispatchGroup,
     Ledger,
     LedgerCache,
+    LedgerView,
     Pair,
+    Undelivered,
+    dispatch_groups,
     reminder_source,
 )
 
@@ -89,8 +94,50 @@ BATCH = DispatchGroup(
 
 def test_dispatches_group_as_delivered_and_a_batch_names_its_time() -> None:
     ledger = Ledger(0).extend(DISPATCHES)
-    assert ledger.groups == [ONE_SHOT, BATCH]
+    assert dispatch_groups(DISPATCHES, 0) == [ONE_SHOT, BATCH]
     assert ledger.undelivered() == [ONE_SHOT, BATCH]
+    assert ledger.dispatched == 2
+
+
+def test_the_ledger_keeps_the_prompts_of_undelivered_groups_only() -> None:
+    # given both groups undelivered: each keeps its records' prompts as dispatched
+    ledger = Ledger(0).extend(DISPATCHES)
+    assert ledger.view() == LedgerView(pending=(
+        Undelivered(group=ONE_SHOT, prompts=("p",)),
+        Undelivered(group=BATCH, prompts=("p", "p")),
+    ))
+    assert ledger.view().prompts(BATCH) == ("p", "p")
+    # when the batch is delivered, then only the one-shot is kept
+    ledger.extend([Event(type=USER_MESSAGE, seq=7, time=7, data=delivered(*BATCH.pairs)[1])])
+    assert ledger.view().pending == (Undelivered(group=ONE_SHOT, prompts=("p",)),)
+    assert ledger.view().prompts(BATCH) is None
+    assert ledger.dispatched == 2
+
+
+def test_a_view_does_not_change_as_the_ledger_continues() -> None:
+    ledger = Ledger(0).extend(DISPATCHES[:4])
+    before = ledger.view()
+    ledger.extend(DISPATCHES[4:])
+    assert before.undelivered() == [ONE_SHOT]
+    assert ledger.view().undelivered() == [ONE_SHOT, BATCH]
+
+
+def test_the_ledger_replays_what_the_fold_does() -> None:
+    ledger = Ledger(0).extend(DISPATCHES)
+    assert ledger.state() == fold(DISPATCHES)
+    assert Ledger(2).extend(DISPATCHES[:3]).state() == fold(DISPATCHES[:3], 2)
+
+
+def test_a_batch_member_after_its_delivered_group_stays_covered() -> None:
+    # given a batch delivered after its first dispatch, then a late dispatch of the batch
+    events = [*DISPATCHES[:5], Event(type=USER_MESSAGE, seq=5, time=5,
+                                     data=delivered(BATCH.pairs[0])[1]), DISPATCHES[6]]
+    ledger = Ledger(0).extend(events)
+    # then the batch is one group, delivered as a whole
+    assert dispatch_groups(events, 0) == [ONE_SHOT, DispatchGroup(
+        seqs=(4, 6), pairs=BATCH.pairs, accepted_at=BATCH.accepted_at)]
+    assert ledger.undelivered() == [ONE_SHOT]
+    assert not ledger.deliverable(BATCH.pairs[1:])
 
 
 @pytest.mark.parametrize(
@@ -110,6 +157,11 @@ def test_dispatches_group_as_delivered_and_a_batch_names_its_time() -> None:
         ),
         pytest.param(
             (USER_MESSAGE, "not an object"), [ONE_SHOT, BATCH], id="odd message data is ignored"
+        ),
+        pytest.param(
+            (USER_MESSAGE, {"source": {"plugin": "tool-schedule", "reminders": 5}}),
+            [ONE_SHOT, BATCH],
+            id="reminders that are no list are ignored",
         ),
     ],
 )
@@ -156,18 +208,54 @@ def test_a_record_that_breaks_the_replay_rules_is_corrupt_at_its_seq(
     assert caught.value.seq == len(events) - 1
 
 
+class Recorded(Sequence[Event]):
+    """Events that remember which of them were read."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.read: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Event]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | Sequence[Event]:
+        indices = range(len(self.events))[index]
+        self.read.update([indices] if isinstance(indices, int) else indices)
+        return self.events[index]
+
+
 def test_the_cache_continues_a_ledger_and_starts_over_when_the_log_is_another() -> None:
     cache = LedgerCache()
     header = SessionHeader(id="s1", createdAt=0)
     first = cache.ledger("a", Session(header=header, events=DISPATCHES[:4]))
-    assert first.groups == [ONE_SHOT]
+    assert first.undelivered() == [ONE_SHOT]
 
-    # the same agent's log grew: the same ledger, continued
-    assert cache.ledger("a", Session(header=header, events=DISPATCHES)) is first
-    assert first.groups == [ONE_SHOT, BATCH]
+    # the same agent's log grew: only the new tail is read
+    grown = Recorded(DISPATCHES)
+    assert cache.ledger("a", Session(header=header, events=grown)).undelivered() == [
+        ONE_SHOT, BATCH]
+    assert grown.read == {4, 5, 6}
 
-    # a shorter log or another seed length: a new ledger
-    shorter = cache.ledger("a", Session(header=header, events=DISPATCHES[:4]))
-    assert shorter is not first and shorter.groups == [ONE_SHOT]
+    # a shorter log or another seed length: read again from the start
+    shorter = Recorded(DISPATCHES[:4])
+    assert cache.ledger("a", Session(header=header, events=shorter)).undelivered() == [ONE_SHOT]
+    assert shorter.read == {0, 1, 2, 3}
     forked = SessionHeader(id="s1", createdAt=0, seedLength=len(DISPATCHES))
-    assert cache.ledger("a", Session(header=forked, events=DISPATCHES)).groups == []
+    assert cache.ledger("a", Session(header=forked, events=DISPATCHES)).undelivered() == []
+
+
+def test_the_cache_answers_the_ledger_a_session_carries_and_reads_no_event() -> None:
+    # given a session whose store kept its ledger
+    cache = LedgerCache()
+    header = SessionHeader(id="s1", createdAt=0)
+    kept = Ledger(0).extend(DISPATCHES).view()
+    events = Recorded(DISPATCHES)
+    # when / then
+    assert cache.ledger("a", Session(header=header, events=events, ledger=kept)) is kept
+    assert events.read == set()

@@ -11,7 +11,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsh_schedule.shared.core.dispatch import DispatchPlan, group_frame, plan_dispatch
+from dsh_schedule.shared.core.dispatch import (
+    DispatchPlan,
+    group_frame,
+    pending_frame,
+    plan_dispatch,
+)
 from dsh_schedule.shared.core.due import (
     DispatchBatch,
     DispatchOne,
@@ -289,14 +294,18 @@ def test_re_projection_renders_every_frame_the_owner_planned(owner: Owner) -> No
     session = Session(header=SessionHeader(id="s1", createdAt=0), events=tuple(owner.events))
 
     # when the log's dispatch groups are read back and rendered
-    groups = Ledger(0).extend(owner.events).undelivered()
+    ledger = Ledger(0).extend(owner.events)
+    groups = ledger.undelivered()
 
-    # then each is one planned dispatch, with the planned frame and pairs
+    # then each is one planned dispatch, with the planned frame and pairs, rendered the
+    # same from the log and from the prompts the ledger kept; the ledger's replay is the fold
     assert [g.seqs for g in groups] == list(owner.plans)
     for group in groups:
         plan = owner.plans[group.seqs]
         assert group_frame(session, group) == plan.text
+        assert pending_frame(ledger.view(), group) == plan.text
         assert group.pairs == plan.pairs
+    assert ledger.state() == owner.state
 
 
 @PROPERTY
