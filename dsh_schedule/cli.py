@@ -333,7 +333,7 @@ def cmd_host(args: argparse.Namespace) -> int:
 
     coordination = Coordination(redis.Redis.from_url(url), settings)
     host = ReferenceHost(
-        JsonlStore(settings.sessions),
+        JsonlStore(settings.sessions, cache_mb=settings.cache_mb),
         coordination,
         settings,
         on_delivery=lambda session, d: print(f"{session}: delivered {d.text!r}", flush=True),

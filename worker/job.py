@@ -47,7 +47,7 @@ def serving(owner: DueOwner) -> Iterator[None]:
 
 def build_owner(client: redis.Redis, settings: Settings) -> DueOwner:
     """The due owner for a deployment's settings, on the wall clock."""
-    store = JsonlStore(settings.sessions)
+    store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb)
     return DueOwner(store, Coordination(client, settings), settings, clock=wall_clock_ms)
 
 
