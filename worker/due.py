@@ -114,10 +114,7 @@ class DueOwner:
             log.debug("wake for %s: not live", agent)
             return WakeOutcome.NOT_LIVE
         if target_ms is not None:
-            early_ms = target_ms - self._clock()
-            if 0 < early_ms < self._settings.early_sleep_s * 1000:
-                # rq-scheduler keeps whole-second scores: sleep out a short difference.
-                self._sleep(early_ms / 1000)
+            self._sleep_out_skew(agent, target_ms)
         try:
             with self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s):
                 settled = self._rounds(agent)
@@ -128,6 +125,24 @@ class DueOwner:
         except LockUnavailable:
             log.debug("wake for %s: lock busy, the holder re-arms", agent)
             return WakeOutcome.LOCK_BUSY
+
+    def _sleep_out_skew(self, agent: str, target_ms: int) -> None:
+        """Sleep out a scheduled wake that arrives less than ``early_sleep_s`` before its
+        target by this worker's clock; one further away goes on, finds nothing due and
+        re-arms.
+
+        The mover hands a wake on only once its exact target has come on the scheduler's
+        clock (docs/architecture.md#wake-projection), so while the clocks agree this never
+        sleeps. It is there for clock skew between the scheduler's machine and this one:
+        without it, an early wake would re-arm a target the mover already counts as due
+        and come back on every mover pass until the clocks agree. It is never what keeps a
+        dispatch from being early: the due decision re-reads the clock under the lock.
+        """
+        early_ms = target_ms - self._clock()
+        if 0 < early_ms < self._settings.early_sleep_s * 1000:
+            log.debug("wake for %s arrived %d ms early by this clock: sleeping it out",
+                      agent, early_ms)
+            self._sleep(early_ms / 1000)
 
     def wake_batch(self, agents: Sequence[str]) -> dict[str, WakeOutcome]:
         """Immediate wakes for many agents (a rebuild's batch), each decided under its own

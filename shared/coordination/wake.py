@@ -1,10 +1,12 @@
 """The wake projection on rq-scheduler (docs/architecture.md#wake-projection).
 
 Each live agent with work has one *current* wake: an rq-scheduler job scheduled at its
-next decision time on the queue beside its session store. Arming happens under the
-per-agent lock. A wake id that may be queued or running is never re-scheduled (rq's
-success handling would overwrite or delete it): a new id is used instead. Immediate
-wakes (a new lease, a released phase, a rebuild) are plain rq jobs with rq's own ids.
+next decision time on the queue beside its session store, scored at that time's exact
+millisecond (``target_ms / 1000`` epoch seconds). Arming happens under the per-agent lock.
+A wake id that may be queued or running is never re-scheduled (rq's success handling
+would overwrite or delete it): a new id is used instead. The mover hands a wake on only
+once its target has come on the mover's clock, never before. Immediate wakes (a new
+lease, a released phase, a rebuild) are plain rq jobs with rq's own ids.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import msgspec
 import redis
 from redis.client import Pipeline
 from rq import Queue
+from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.keys import Keys
 
 with warnings.catch_warnings():
@@ -34,17 +38,29 @@ log = logging.getLogger(__name__)
 
 WAKE_FUNC: Final = "dsh_schedule.worker.job.wake"
 WAKE_BATCH_FUNC: Final = "dsh_schedule.worker.job.wake_batch"
+WAKE_ID_PREFIX: Final = "wake_"
 WAKE_BATCH: Final = 100
 MOVE_BATCH: Final = 25
+MOVE_TAKE: Final = 500
 WAKE_TIMEOUT_S: Final = 120
 
 
-class PrefixedScheduler(Scheduler):  # type: ignore[misc]
-    """rq-scheduler with its global keys under our prefix, moving wakes in batches.
+def wake_score(target_ms: int) -> float:
+    """A wake's score in the schedule: its target in epoch seconds, to the millisecond."""
+    return target_ms / 1000
 
-    rq-scheduler's own pass (``enqueue_jobs``) picks the due jobs; a due wake is taken out
-    of the schedule and its (agent, target) handed on in a ``wake_many`` job of up to
-    ``MOVE_BATCH`` wakes per queue, so a worker pays rq's per-job cost once per batch.
+
+class PrefixedScheduler(Scheduler):  # type: ignore[misc]
+    """rq-scheduler with its global keys under our prefix and an exact, batched mover.
+
+    ``move_due(now_ms)`` replaces rq-scheduler's pass (whole-second "now", one round trip
+    per job): a script takes up to ``MOVE_TAKE`` entries scored at or before ``now_ms``
+    per call, oldest first, removing each wake from the schedule and deleting its job hash
+    in the same step and returning the hash, so only the pass that took a wake hands it
+    on. Each call's wakes go to their queues in one pipelined write, in target order, as
+    ``wake_batch`` jobs of up to ``MOVE_BATCH`` wakes. A due job that is not one of our
+    wakes is left to rq-scheduler's own ``enqueue_job``, exactly as its pass would move
+    it. ``enqueue_jobs()`` is that pass at the wall clock.
     """
 
     def __init__(self, keys: Keys, **kwargs: Any) -> None:
@@ -53,35 +69,84 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self.scheduler_lock_key = keys.scheduler_lock()
         self.scheduler_key = keys.scheduler()
         self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
-        self.moved = 0
-        self._batches: dict[str, list[ScheduledWake]] = {}
-        self._take = self.connection.register_script(_UNSCHEDULE)
+        self.next_due_ms: int | None = None
+        self._take_due = self.connection.register_script(_TAKE_DUE)
 
-    def enqueue_jobs(self) -> Any:
-        self._batches = {}
-        try:
-            return super().enqueue_jobs()
-        finally:
-            self.flush_batches()
+    def enqueue_jobs(self) -> int:
+        """rq-scheduler's pass, made exact: ``move_due`` at the wall clock."""
+        return self.move_due(wall_clock_ms())
 
-    def enqueue_job(self, job: Job) -> None:
-        if job.func_name != WAKE_FUNC:
-            super().enqueue_job(job)
-            self.moved += 1
-            return
-        # Only the pass that takes the wake out of the schedule hands it on.
-        if self._take(keys=[self.scheduled_jobs_key, job.key], args=[job.id]):
-            agent, target_ms = job.args
-            self._batches.setdefault(job.origin, []).append(ScheduledWake(agent, target_ms))
-            self.moved += 1
+    def move_due(self, now_ms: int) -> int:
+        """Hand on every job scored at or before ``now_ms``; how many were handed on.
 
-    def flush_batches(self) -> None:
-        """Enqueue the collected wakes, in target order, ``MOVE_BATCH`` per rq job."""
-        batches, self._batches = self._batches, {}
-        if not batches:
-            return
+        Round trips: one script call per ``MOVE_TAKE`` due entries plus one pipelined
+        write per call that took wakes, whatever the size of the burst (a job that is not
+        a wake costs what rq-scheduler's own pass costs). A mover that fails between a
+        call and its write loses at most that call's wakes, and the reconcile pass wakes
+        every live agent again. Afterwards ``next_due_ms`` is the earliest score left in
+        the schedule (None: nothing left).
+        """
+        moved = 0
+        others_moved: set[str] = set()
+        while True:
+            taken: Any = self._take_due(
+                keys=[self.scheduled_jobs_key],
+                args=[repr(wake_score(now_ms)), MOVE_TAKE, Job.redis_job_namespace_prefix,
+                      WAKE_ID_PREFIX],
+            )
+            next_score, entries = taken
+            self.next_due_ms = None if not next_score else round(float(next_score) * 1000)
+            wakes: list[tuple[str, ScheduledWake]] = []
+            others: list[str] = []
+            for entry in entries:
+                job_id = entry[0].decode()
+                if len(entry) == 1:
+                    others.append(job_id)
+                    continue
+                try:
+                    job = self._restored(job_id, entry[1])
+                    if job is None:
+                        continue  # an entry without its job: dropped, as rq-scheduler does
+                    if job.func_name != WAKE_FUNC:
+                        self.enqueue_job(job)  # not ours after all: rq-scheduler's way
+                        moved += 1
+                        continue
+                    agent, target_ms = job.args
+                except redis.RedisError:
+                    raise
+                except Exception:
+                    # One unreadable job spares the rest of the chunk.
+                    log.exception("scheduled job %s is unreadable: dropped", job_id)
+                    continue
+                wakes.append((job.origin, ScheduledWake(agent, target_ms)))
+            moved += self._hand_on(wakes)
+            repeated = False
+            for job_id in others:
+                if job_id in others_moved:
+                    repeated = True  # a repeating job due again: the next pass moves it
+                    continue
+                moved += self._enqueue_other(job_id)
+                others_moved.add(job_id)
+            if len(entries) < MOVE_TAKE or repeated:
+                return moved
+
+    def _restored(self, job_id: str, flat_hash: list[bytes]) -> Job | None:
+        if not flat_hash:
+            return None
+        job = Job(id=job_id, connection=self.connection)
+        job.restore(dict(zip(flat_hash[::2], flat_hash[1::2], strict=True)))
+        return job
+
+    def _hand_on(self, wakes: list[tuple[str, ScheduledWake]]) -> int:
+        """Enqueue taken wakes in one pipelined write: per queue, in target order,
+        ``MOVE_BATCH`` per ``wake_batch`` job."""
+        if not wakes:
+            return 0
+        by_queue: dict[str, list[ScheduledWake]] = {}
+        for queue_name, wake in wakes:
+            by_queue.setdefault(queue_name, []).append(wake)
         with self.connection.pipeline() as pipe:
-            for queue_name, items in batches.items():
+            for queue_name, items in by_queue.items():
                 items.sort(key=lambda wake: wake.target_ms)
                 chunks = [items[i : i + MOVE_BATCH] for i in range(0, len(items), MOVE_BATCH)]
                 Queue(queue_name, connection=self.connection).enqueue_many(
@@ -89,11 +154,48 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
                     pipeline=pipe,
                 )
             pipe.execute()
+        return len(wakes)
 
+    def _enqueue_other(self, job_id: str) -> int:
+        """A due job that is not a wake, moved as rq-scheduler's own pass moves it."""
+        try:
+            job = self.job_class.fetch(job_id, connection=self.connection)
+        except NoSuchJobError:
+            self.cancel(job_id)
+            return 0
+        self.enqueue_job(job)
+        return 1
+
+
+# KEYS[1] the schedule (sorted set); ARGV[1] now in epoch seconds (a decimal string, to the
+# millisecond), ARGV[2] the most entries to take, ARGV[3] rq's job key prefix, ARGV[4] the
+# wake id prefix. Returns {earliest score left or false, entries}, entries oldest first:
+# {id, flat job hash} for a wake, taken out of the schedule with its job hash deleted in
+# this same step (so only one mover pass ever hands it on); {id} for any other due job,
+# left in the schedule for rq-scheduler's own enqueue. The job hashes' keys are built from
+# ARGV[3], not declared: one Redis node, not a cluster.
+_TAKE_DUE = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local entries = {}
+for i, id in ipairs(ids) do
+  if string.sub(id, 1, #ARGV[4]) == ARGV[4] then
+    local job_key = ARGV[3] .. id
+    local fields = redis.call('HGETALL', job_key)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('DEL', job_key)
+    entries[i] = {id, fields}
+  else
+    entries[i] = {id}
+  end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {first[2] or false, entries}
+"""
 
 # KEYS[1] the schedule (sorted set), KEYS[2] the wake's rq job hash; ARGV[1] the job id.
-# Only a wake still waiting in the schedule is ours to delete; one already moved to the
-# queue runs, finds nothing due (or re-arms) and removes itself.
+# Only a wake still waiting in the schedule is ours to delete; one already handed on
+# (its own job hash deleted by the mover) is left alone: its batch runs, finds nothing
+# due (or re-arms) and ends.
 _UNSCHEDULE = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   redis.call('DEL', KEYS[2])
@@ -177,7 +279,9 @@ class WakeProjection:
 
     def arm_many(self, requests: Sequence[ArmRequest]) -> list[str | None]:
         """``arm`` for many agents in one read and one write round trip; hold every
-        agent's lock. Returns each agent's current wake id (None: no wake)."""
+        agent's lock. Returns each agent's current wake id (None: no wake). An agent
+        already armed for exactly that target keeps its wake; any other target, even in
+        the same second, supersedes it."""
         with self._client.pipeline(transaction=False) as pipe:
             for r in requests:
                 pipe.get(self._keys.current_wake(r.agent))
@@ -201,12 +305,13 @@ class WakeProjection:
                 if (
                     previous is not None
                     and (previous == job_id or previous.startswith(f"{job_id}_"))
-                    and previous_score is not None
+                    and previous_score == wake_score(r.target_ms)
                 ):
-                    results.append(previous)  # already armed for this second
+                    results.append(previous)  # already armed for this very target
                     continue
                 if taken:
-                    # Queued, running or failed under this id: never re-schedule it.
+                    # Scheduled for another millisecond, queued, running or failed under
+                    # this id: never re-schedule it.
                     job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
                 self._schedule(r.agent, r.target_ms, r.queue, job_id, previous, pipe)
                 results.append(job_id)
@@ -217,8 +322,9 @@ class WakeProjection:
         self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
         pipe: Pipeline,
     ) -> None:
-        """What rq-scheduler's ``enqueue_at`` writes (a scheduled rq job and its whole-
-        second score), plus the current-wake pointer and the superseded wake's removal."""
+        """What rq-scheduler's ``enqueue_at`` writes (a scheduled rq job and its score,
+        here the exact millisecond rather than the whole second), plus the current-wake
+        pointer and the superseded wake's removal."""
         job = Job.create(
             WAKE_FUNC,
             args=(agent, target_ms),
@@ -231,7 +337,7 @@ class WakeProjection:
             origin=queue,
         )
         job.save(pipeline=pipe)
-        pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: target_ms // 1000})
+        pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: wake_score(target_ms)})
         pipe.set(self._keys.current_wake(agent), job_id)
         if previous is not None and previous != job_id:
             self._unschedule(previous, pipe)
@@ -277,18 +383,16 @@ class WakeProjection:
         )
 
     def move_due(self, now_ms: int | None = None) -> int:
-        """One rq-scheduler pass: hand every due wake to its queue; how many it moved.
+        """One mover pass: hand every wake whose target is at or before ``now_ms`` (default:
+        the wall clock) to its queue, and none whose target is later; how many it moved.
 
-        ``now_ms`` replaces rq-scheduler's own clock sample (in-process runs on an
-        injected clock); the score comparison stays rq-scheduler's whole seconds.
+        ``now_ms`` replaces the wall clock (in-process runs on an injected clock). The
+        comparison is to the millisecond, so a wake is never handed on early.
         """
-        before = self.scheduler.moved
-        if now_ms is None:
-            self.scheduler.enqueue_jobs()
-        else:
-            try:
-                for job in list(self.scheduler.get_jobs(until=now_ms // 1000)):
-                    self.scheduler.enqueue_job(job)
-            finally:
-                self.scheduler.flush_batches()
-        return int(self.scheduler.moved - before)
+        return self.scheduler.move_due(wall_clock_ms() if now_ms is None else now_ms)
+
+    @property
+    def next_due_ms(self) -> int | None:
+        """The earliest target left in the schedule after the last pass (None: nothing
+        left, or no pass yet); a loop may wait until then rather than a whole interval."""
+        return self.scheduler.next_due_ms

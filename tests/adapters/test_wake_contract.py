@@ -7,6 +7,9 @@ clock or on rq-scheduler's own clock sample.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,8 +20,10 @@ from rq.job import Job
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.wake import (
     MOVE_BATCH,
+    MOVE_TAKE,
     WAKE_BATCH_FUNC,
     WAKE_FUNC,
+    ArmRequest,
     DueWakes,
     WakeProjection,
     decode_batch,
@@ -28,11 +33,17 @@ from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
 AGENT_HEX = AGENT.encode().hex()
-T1 = 2_000_000_000_500  # 2033-05-18T03:33:20.500Z: score 2_000_000_000
+T1 = 2_000_000_000_500  # 2033-05-18T03:33:20.500Z: score 2_000_000_000.5
 T2 = 2_000_000_060_000  # a minute later
 T3 = 2_000_000_120_250  # another minute later
+S1 = 2_000_000_000.5  # T1's score: the target in epoch seconds, to the millisecond
 RQ_OWN = ("rq:job:", "rq:queue:")
 RQ_QUEUE_REGISTRY = "rq:queues"  # rq's global set of queue keys, written by any enqueue
+OTHER_FUNC = "tests.adapters.test_wake_contract.not_a_wake"
+
+
+def not_a_wake() -> None:
+    """A job of some other kind in the same schedule (never run here)."""
 
 
 @pytest.fixture
@@ -51,7 +62,7 @@ def wakes(redis_client: redis.Redis, keys: Keys) -> WakeProjection:
 
 
 def schedule(client: redis.Redis, keys: Keys) -> dict[str, float]:
-    """The prefixed rq-scheduler schedule: job id -> score (epoch second)."""
+    """The prefixed rq-scheduler schedule: job id -> score (epoch seconds)."""
     members: Any = client.zrange(keys.scheduled_jobs(), 0, -1, withscores=True)
     return {k.decode(): s for k, s in members}
 
@@ -84,9 +95,9 @@ def test_arm_schedules_a_wake_job_under_the_prefix(
 ) -> None:
     # when an agent's wake is armed
     job_id = wakes.arm(AGENT, T1, queue)
-    # then one job sits in the prefixed schedule at the whole epoch second
+    # then one job sits in the prefixed schedule at the target's exact millisecond
     assert job_id == f"wake_{AGENT_HEX}_2000000000"
-    assert schedule(redis_client, keys) == {job_id: 2_000_000_000.0}
+    assert schedule(redis_client, keys) == {job_id: S1}
     assert wakes.is_scheduled(job_id)
     assert wakes.current(AGENT) == job_id
     # and the job runs the wake for that agent and target on the given queue, keeping no result
@@ -99,13 +110,12 @@ def test_arm_schedules_a_wake_job_under_the_prefix(
     assert queued(redis_client, queue) == []
 
 
-@pytest.mark.parametrize("again_ms", [T1, T1 + 400], ids=["same-ms", "same-second"])
 def test_arming_the_same_target_again_is_a_no_op(
-    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str, again_ms: int
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
     job_id = wakes.arm(AGENT, T1, queue)
-    assert wakes.arm(AGENT, again_ms, queue) == job_id
-    assert schedule(redis_client, keys) == {job_id: 2_000_000_000.0}
+    assert wakes.arm(AGENT, T1, queue) == job_id
+    assert schedule(redis_client, keys) == {job_id: S1}
     assert wakes.current(AGENT) == job_id
     assert tuple(Job.fetch(str(job_id), connection=redis_client).args) == (AGENT, T1)
     assert redis_client.exists(keys.wake_counter(AGENT)) == 0
@@ -122,9 +132,27 @@ def test_arming_a_new_target_supersedes_the_current_wake(
     new = wakes.arm(AGENT, new_ms, queue)
     # then only the new wake is scheduled and the old job is gone
     assert new == wake_job_id(AGENT, new_ms)
-    assert schedule(redis_client, keys) == {new: float(new_ms // 1000)}
+    assert schedule(redis_client, keys) == {new: new_ms / 1000}
     assert not job_exists(redis_client, old)
     assert wakes.current(AGENT) == new
+
+
+@pytest.mark.parametrize("new_ms", [T1 + 1, T1 - 500, T1 + 499], ids=["+1ms", "-500ms", "+499ms"])
+def test_a_new_target_in_the_same_second_supersedes_the_current_wake(
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str, new_ms: int
+) -> None:
+    # given a current wake, still waiting in the schedule
+    old = wakes.arm(AGENT, T1, queue)
+    assert old is not None
+    # when the agent's next decision time moves by less than a second
+    new = wakes.arm(AGENT, new_ms, queue)
+    # then the new target is scheduled at its own millisecond under a fresh id (the old id's
+    # job still existed when the new one was chosen), and the old wake is gone
+    assert new == f"{old}_1"
+    assert schedule(redis_client, keys) == {new: new_ms / 1000}
+    assert not job_exists(redis_client, old)
+    assert wakes.current(AGENT) == new
+    assert tuple(Job.fetch(new, connection=redis_client).args) == (AGENT, new_ms)
 
 
 def test_arm_none_retires_the_current_wake(
@@ -165,7 +193,7 @@ def test_wakes_of_different_agents_are_independent(
     theirs = wakes.arm("agent-2", T1, queue)
     assert mine != theirs
     wakes.arm(AGENT, None, queue)
-    assert schedule(redis_client, keys) == {theirs: 2_000_000_000.0}
+    assert schedule(redis_client, keys) == {theirs: S1}
     assert wakes.current("agent-2") == theirs
 
 
@@ -180,18 +208,30 @@ def handed_on(client: redis.Redis, queue: str) -> list[tuple[str, int]]:
     return items
 
 
+def handed_on_among_others(client: redis.Redis, queue: str) -> list[tuple[str, int]]:
+    """``handed_on``, skipping the queue's jobs of other kinds."""
+    items: list[tuple[str, int]] = []
+    for job in Queue(queue, connection=client).jobs:
+        if job.func_name == WAKE_BATCH_FUNC:
+            batch = decode_batch(job.args[0])
+            assert isinstance(batch, DueWakes)
+            items.extend((wake.agent, wake.target_ms) for wake in batch.wakes)
+    return items
+
+
 @pytest.mark.parametrize(
     ("now_ms", "moved"),
     [
-        (1_999_999_999_999, 0),  # the second before the score
-        (2_000_000_000_000, 1),  # the score's second, 500 ms before the target: up to 1 s early
+        (1_999_999_999_999, 0),  # the second before the target's
+        (2_000_000_000_000, 0),  # the target's second, 500 ms before the target
+        (T1 - 1, 0),  # a millisecond before the target
         (T1, 1),
         (2_000_000_059_999, 1),  # past the first wake, before the second
         (T2, 2),
     ],
-    ids=["before", "score-second", "target", "between", "both"],
+    ids=["second-before", "target-second", "ms-before", "target", "between", "both"],
 )
-def test_move_due_hands_on_only_wakes_whose_second_has_come(
+def test_move_due_hands_on_only_wakes_whose_target_has_come(
     wakes: WakeProjection,
     redis_client: redis.Redis,
     keys: Keys,
@@ -229,6 +269,126 @@ def test_move_due_hands_a_wake_to_its_own_queue_in_batches(
     assert handed_on(redis_client, "elsewhere") == [("theirs", T1)]
 
 
+def test_no_wake_is_handed_on_before_its_millisecond(
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
+) -> None:
+    # given one wake at each millisecond T+1 ... T+999 of one second, armed in shuffled order
+    second = 2_000_000_000_000
+    targets = [second + (ms * 379) % 1000 for ms in range(1, 1000)]
+    wakes.arm_many([ArmRequest(f"agent-{t % 1000:03d}", t, queue) for t in targets])
+    # when the mover runs half-way through that second
+    assert wakes.move_due(second + 500) == 500
+    # then exactly the wakes at or before T+500 are handed on, in target order
+    assert handed_on(redis_client, queue) == [
+        (f"agent-{ms:03d}", second + ms) for ms in range(1, 501)
+    ]
+    left = schedule(redis_client, keys)
+    assert sorted(round(score * 1000) for score in left.values()) == [
+        second + ms for ms in range(501, 1000)
+    ]
+    assert wakes.next_due_ms == second + 501
+    # and the rest follow once their own milliseconds have come
+    assert wakes.move_due(second + 998) == 498
+    assert wakes.next_due_ms == second + 999
+    assert wakes.move_due(second + 999) == 1
+    assert handed_on(redis_client, queue)[500:] == [
+        (f"agent-{ms:03d}", second + ms) for ms in range(501, 1000)
+    ]
+    assert schedule(redis_client, keys) == {}
+    assert wakes.next_due_ms is None
+
+
+def test_a_job_of_another_kind_is_moved_as_rq_scheduler_moves_it(
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
+) -> None:
+    # given a wake and two jobs of another kind in the same schedule: a one-shot at T1's
+    # whole second and a repeating one
+    wake = wakes.arm(AGENT, T1, queue)
+    assert wake is not None
+    at = datetime.fromtimestamp(T1 // 1000, UTC)
+    wakes.scheduler.enqueue_at(at, OTHER_FUNC, job_id="other-once", queue_name=queue)
+    wakes.scheduler.schedule(at, OTHER_FUNC, interval=3600, id="other-every", queue_name=queue)
+    # when the mover runs in that second, before the wake's target
+    assert wakes.move_due(T1 - 1) == 2
+    # then each other job is queued under its own id, once, as rq-scheduler queues it;
+    # the one-shot leaves the schedule and the repeating one is scheduled again
+    assert sorted(queued(redis_client, queue)) == ["other-every", "other-once"]
+    assert sorted(schedule(redis_client, keys)) == sorted([wake, "other-every"])
+    assert Job.fetch("other-once", connection=redis_client).func_name == OTHER_FUNC
+    # and the wake waits for its own millisecond
+    wakes.scheduler.cancel("other-every")
+    assert wakes.move_due(T1) == 1
+    assert handed_on_among_others(redis_client, queue) == [(AGENT, T1)]
+
+
+def test_an_unreadable_wake_job_spares_the_rest_of_the_pass(
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
+) -> None:
+    # given two due wakes, one of whose job hashes no longer decodes
+    broken = wakes.arm(AGENT, T1, queue)
+    assert broken is not None
+    wakes.arm("agent-2", T1 + 1, queue)
+    redis_client.hset(Job.key_for(broken), "data", b"not a job")
+    # when the mover runs
+    assert wakes.move_due(T2) == 1
+    # then the other wake is handed on and the broken one is out of the schedule
+    assert handed_on(redis_client, queue) == [("agent-2", T1 + 1)]
+    assert schedule(redis_client, keys) == {}
+
+
+class CountingConnection(redis.Connection):
+    """A connection that counts its round trips (every send is one: a command, a pipeline
+    or a script call)."""
+
+    sends = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        CountingConnection.sends += 1
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def counting_client(real_redis: redis.Redis) -> Iterator[redis.Redis]:
+    pool = redis.ConnectionPool(
+        connection_class=CountingConnection, **real_redis.connection_pool.connection_kwargs
+    )
+    client = redis.Redis(connection_pool=pool)
+    yield client
+    client.close()
+    pool.disconnect()
+
+
+@pytest.mark.redis
+def test_a_burst_moves_in_a_bounded_number_of_round_trips(
+    counting_client: redis.Redis, keys: Keys, queue: str
+) -> None:
+    # given a burst of wakes all due at once, on two queues, and a mover that has made its
+    # first pass (script loading is not part of the burst)
+    wakes = WakeProjection(counting_client, keys)
+    assert wakes.move_due(T1) == 0
+    burst = 2_600
+    requests = [
+        ArmRequest(f"agent-{i:04d}", T1 + i, queue if i % 3 else "elsewhere")
+        for i in range(burst)
+    ]
+    wakes.arm_many(requests)
+    # when the mover moves them, counting every round trip it makes
+    CountingConnection.sends = 0
+    assert wakes.move_due(T1 + burst) == burst
+    trips = CountingConnection.sends
+    # then it took one script call and one pipelined write per MOVE_TAKE wakes (plus the
+    # call that finds the schedule drained), nowhere near a round trip per wake
+    assert trips <= 2 * math.ceil(burst / MOVE_TAKE) + 1
+    # and every wake was handed on once, per queue in target order, MOVE_BATCH per job
+    for name in (queue, "elsewhere"):
+        mine = [(r.agent, r.target_ms) for r in requests if r.queue == name]
+        assert handed_on(counting_client, name) == mine
+        sizes = [len(job.args[0]["wakes"]) for job in Queue(name, connection=counting_client).jobs]
+        assert max(sizes) <= MOVE_BATCH
+        assert len(sizes) <= math.ceil(len(mine) / MOVE_BATCH) + math.ceil(burst / MOVE_TAKE)
+    assert schedule(counting_client, keys) == {}
+
+
 def test_a_moved_wake_hands_on_once_even_when_two_movers_run(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
@@ -249,7 +409,7 @@ def test_a_wake_id_whose_job_still_exists_is_never_rescheduled(
     again = wakes.arm(AGENT, T1, queue)
     # then a suffixed id is scheduled and the queued job is left untouched
     assert again == f"{base}_1"
-    assert schedule(redis_client, keys) == {again: 2_000_000_000.0}
+    assert schedule(redis_client, keys) == {again: S1}
     assert queued(redis_client, queue) == [base]
     assert job_exists(redis_client, base)
     assert wakes.current(AGENT) == again
@@ -262,7 +422,7 @@ def test_a_wake_id_whose_job_still_exists_is_never_rescheduled(
     )
     # and arming that target once more is a no-op on the suffixed id
     assert wakes.arm(AGENT, T1, queue) == again
-    assert schedule(redis_client, keys) == {again: 2_000_000_000.0}
+    assert schedule(redis_client, keys) == {again: S1}
 
 
 def test_re_arming_a_handed_on_target_schedules_its_id_afresh(
@@ -272,7 +432,7 @@ def test_re_arming_a_handed_on_target_schedules_its_id_afresh(
     wakes.move_due(T1)
     # the handed-on wake's own job is gone, so its id is free again
     assert wakes.arm(AGENT, T1, queue) == first
-    assert schedule(redis_client, keys) == {first: 2_000_000_000.0}
+    assert schedule(redis_client, keys) == {first: S1}
 
 
 def test_superseding_after_a_hand_on_leaves_the_batch_alone(
@@ -284,7 +444,7 @@ def test_superseding_after_a_hand_on_leaves_the_batch_alone(
     # when a new target is armed, and then the wake is retired
     new = wakes.arm(AGENT, T3, queue)
     assert new == wake_job_id(AGENT, T3)
-    assert schedule(redis_client, keys) == {new: float(T3 // 1000)}
+    assert schedule(redis_client, keys) == {new: T3 / 1000}
     wakes.arm(AGENT, None, queue)
     # then the batch is still there to run (its wake finds nothing due and returns)
     assert handed_on(redis_client, queue) == [(AGENT, T1)]
@@ -308,7 +468,7 @@ def test_trigger_enqueues_an_immediate_wake(
         queue,
     )
     # and the scheduled wake is untouched
-    assert schedule(redis_client, keys) == {scheduled: 2_000_000_000.0}
+    assert schedule(redis_client, keys) == {scheduled: S1}
     assert wakes.current(AGENT) == scheduled
 
 
