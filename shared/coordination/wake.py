@@ -394,5 +394,8 @@ class WakeProjection:
     @property
     def next_due_ms(self) -> int | None:
         """The earliest target left in the schedule after the last pass (None: nothing
-        left, or no pass yet); a loop may wait until then rather than a whole interval."""
+        left, or no pass yet). A loop may wait until then rather than a whole interval,
+        but with a floor: passes closer together than the wakes' spacing hand each wake
+        on in an rq job of its own, and under load rq's per-job cost then makes wakes
+        later, not earlier."""
         return self.scheduler.next_due_ms
