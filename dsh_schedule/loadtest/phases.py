@@ -137,7 +137,7 @@ def open_agents(rt: Runtime, plan: Plan, names: Sequence[str], *, recording: boo
     coordination = Coordination(rt.client, settings)
     if recording:
         coordination.followups = RecordingFollowups(rt.client, coordination.keys)
-    hosts = Hosts([ReferenceHost(rt.store, coordination, rt.settings, on_delivery=on_delivery)
+    hosts = Hosts([ReferenceHost(rt.store, coordination, settings, on_delivery=on_delivery)
                    for _ in range(plan.hosts)], coordination)
     hosts.open(names)
     rt.run_until(lambda: _idle(rt, settings.queue), 120.0)

@@ -373,4 +373,7 @@ def render_table(result: Result) -> str:
         verdict = "n/a" if t.met is None else ("met" if t.met else "MISSED")
         lines.append(f"target {t.name} {t.target}: {_fmt(t.measured)} {verdict}")
     lines.extend(f"note: {n}" for n in result.notes)
+    if (load := result.machine.load_average) is not None:
+        lines.append(f"machine: {result.machine.cpus} CPUs, load average at the end "
+                     f"{' / '.join(f'{x:.2f}' for x in load)} (1 / 5 / 15 min)")
     return "\n".join(lines)

@@ -114,6 +114,8 @@ class Machine(msgspec.Struct, frozen=True, kw_only=True):
     python: str
     platform: str
     redis_version: str | None
+    load_average: list[float] | None
+    """1, 5 and 15-minute load averages at the end of the run (others share the CPUs)."""
 
 
 def machine(redis_version: str | None) -> Machine:
@@ -123,7 +125,15 @@ def machine(redis_version: str | None) -> Machine:
         python=platform.python_version(),
         platform=platform.platform(),
         redis_version=redis_version,
+        load_average=load_average(),
     )
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def memory_total() -> int | None:

@@ -122,8 +122,8 @@ def process_result(process_workdir: Path) -> dict[str, Any]:
 def test_the_result_says_what_ran_where(result: dict[str, Any]) -> None:
     assert result["version"] == 1
     assert result["mode"] == "embedded"
-    assert {"cpus", "memory_total_bytes", "python", "platform", "redis_version"} <= set(
-        result["machine"])
+    assert {"cpus", "memory_total_bytes", "python", "platform", "redis_version",
+            "load_average"} <= set(result["machine"])
     assert result["plan"]["rebuild_db"] == 15
 
 
