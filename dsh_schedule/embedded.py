@@ -1,7 +1,9 @@
 """The whole system in one process, on the embedded Redis (docs/architecture.md#processes-and-cli).
 
 A reference host, a due owner behind an rq ``SimpleWorker`` (fakeredis state is per
-process, so nothing forks) and the rq-scheduler mover, stepped by one loop.
+process, so nothing forks) and the rq-scheduler mover, stepped by one loop. The host
+delivers as a deployed one does: for the agents the ready stream names, never by looking
+at every agent.
 """
 
 from __future__ import annotations
@@ -62,17 +64,15 @@ class EmbeddedSystem:
         self.host = self._new_host()
 
     def step(self) -> list[tuple[str, Delivery]]:
-        """Renew leases, move due wakes, run queued wakes, deliver followups."""
+        """Renew leases, move due wakes, run queued wakes, deliver the followups of the
+        agents the host's ready stream names (one read that does not wait)."""
         if self.clock() >= self._next_renew_ms:
             self.host.plugin.renew_leases()
             self._next_renew_ms = self.clock() + int(self.settings.lease_renew_s * 1000)
         self.coordination.wakes.move_due(self.clock() if self._injected_clock else None)
         if self.queue.count:
             self.worker.work(burst=True, logging_level="WARNING")
-        delivered: list[tuple[str, Delivery]] = []
-        for session_id in list(self.host.agents):
-            delivered.extend((session_id, d) for d in self.host.pump(session_id))
-        return delivered
+        return self.host.serve(0.0)
 
     def flush_redis(self) -> None:
         """Drop every key, as a Redis restart without persistence would."""

@@ -1,17 +1,23 @@
 """The ``scheduler`` process: rq-scheduler mover, startup rebuild, periodic reconcile.
 
 We drive rq-scheduler's ``enqueue_jobs()`` from our own loop (its ``run()`` installs its
-own signal handlers). Rebuild enqueues a wake for every live agent; all deciding happens
-inside the wake, under the lock, after a preflight — so a Redis flush loses nothing.
+own signal handlers). Rebuild enqueues a wake for every live agent; the periodic reconcile
+pass enqueues wakes only for the agents whose projection in Redis is missing or stale,
+plus a slice of a slow full sweep. All deciding happens inside the wake, under the lock,
+after a preflight — so a Redis flush loses nothing.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from types import FrameType
+from typing import Final
 
 import msgspec
 import redis
@@ -24,10 +30,25 @@ from dsh_schedule.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
+CHECK_BATCH: Final = 1_000  # agents per pipelined projection check
+
 
 class RebuildReport(msgspec.Struct, frozen=True, kw_only=True):
     woken: tuple[str, ...]
     retired: tuple[str, ...]
+
+
+class ReconcileReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One reconcile pass: every agent it woke, and why (an agent may have several
+    reasons; ``woken`` names it once)."""
+
+    woken: tuple[str, ...]
+    retired: tuple[str, ...]
+    checked: int
+    new: tuple[str, ...]
+    stale_wakes: tuple[str, ...]
+    stale_followups: tuple[str, ...]
+    swept: tuple[str, ...]
 
 
 def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildReport:
@@ -37,6 +58,11 @@ def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildR
     for agent, queue in zip(live, coord.leases.queues_of(live), strict=True):
         by_queue.setdefault(queue, []).append(agent)
     coord.wakes.trigger_many(by_queue)
+    return RebuildReport(woken=tuple(live), retired=tuple(_retire(coord, settings, now_ms)))
+
+
+def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
+    """Remove, under each one's lock, what Redis holds for agents whose lease expired."""
     retired: list[str] = []
     for agent in coord.leases.expired_agents(now_ms=now_ms):
         try:
@@ -45,18 +71,119 @@ def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildR
             log.info("could not retire %s now; the next pass retries", agent)
         else:
             retired.append(agent)
-    return RebuildReport(woken=tuple(live), retired=tuple(retired))
+    return retired
+
+
+class Reconciler:
+    """The rebuild and the incremental reconcile pass of one scheduler process.
+
+    A reconcile pass reads every live agent's projection (``Coordination.projections``,
+    ``CHECK_BATCH`` agents per pipelined read) and enqueues wakes, in ``wake_batch`` jobs,
+    only for agents whose projection is missing or stale:
+
+    - a new lease: no current wake, and never seen by an earlier pass or rebuild;
+    - a current wake whose job is neither in the schedule nor an rq job hash;
+    - a followup entry older than ``followup_stale_s`` (its announcement, or the host
+      holding it, was lost; the wake's re-arm announces it again).
+
+    What only a fold can see — an agent with work but no current wake, because a re-arm
+    failed after a durable mutation — is left to a slow full sweep: a cursor over the live
+    agents in id order that each pass advances by the share of them its interval is of
+    ``sweep_period_s``, so every live agent is woken once per period and never all at
+    once. An agent with no active reminder has no current wake either; only the sweep
+    wakes it. The pass itself decides nothing: each wake decides under the agent's lock.
+    """
+
+    def __init__(self, coord: Coordination, settings: Settings) -> None:
+        self._coord = coord
+        self._settings = settings
+        self._seen: set[str] = set()
+        self._sweep_after: str | None = None  # the last agent id the sweep woke
+        self._sweep_owed = 0.0  # agents the sweep owes, from the time passed
+        self._last_pass_ms: int | None = None
+
+    def rebuild(self, *, now_ms: int) -> RebuildReport:
+        """Wake every live agent (start, after an outage); the next passes go on from it."""
+        report = rebuild(self._coord, self._settings, now_ms=now_ms)
+        self._seen = set(report.woken)
+        self._sweep_owed = 0.0
+        self._last_pass_ms = now_ms
+        return report
+
+    def reconcile(self, *, now_ms: int) -> ReconcileReport:
+        """One incremental pass: retire ended agents, wake the stale ones and the sweep's
+        slice."""
+        coord = self._coord
+        retired = _retire(coord, self._settings, now_ms)
+        live = sorted(coord.leases.live_agents(now_ms=now_ms))
+        server_ms = coord.server_time_ms()
+        stale_after_ms = coord.followup_stale_ms
+        new: list[str] = []
+        stale_wakes: list[str] = []
+        stale_followups: list[str] = []
+        for start in range(0, len(live), CHECK_BATCH):
+            batch = live[start : start + CHECK_BATCH]
+            for agent, found in zip(batch, coord.projections(batch), strict=True):
+                if found.wake is None and agent not in self._seen:
+                    new.append(agent)
+                if found.wake is not None and not found.wake_held:
+                    stale_wakes.append(agent)
+                if (found.oldest_followup_ms is not None
+                        and server_ms - found.oldest_followup_ms >= stale_after_ms):
+                    stale_followups.append(agent)
+        swept = self._sweep(live, now_ms)
+        woken = list(dict.fromkeys([*new, *stale_wakes, *stale_followups, *swept]))
+        coord.trigger_many(woken)
+        self._seen = set(live)
+        report = ReconcileReport(
+            woken=tuple(woken), retired=tuple(retired), checked=len(live), new=tuple(new),
+            stale_wakes=tuple(stale_wakes), stale_followups=tuple(stale_followups),
+            swept=tuple(swept),
+        )
+        repaired = len(new) + len(stale_wakes) + len(stale_followups)
+        (log.info if repaired else log.debug)(
+            "reconcile: %d live, %d new, %d stale wake(s), %d stale followup stream(s), "
+            "%d swept, %d retired", len(live), len(new), len(stale_wakes),
+            len(stale_followups), len(swept), len(retired),
+        )
+        return report
+
+    def _sweep(self, live: Sequence[str], now_ms: int) -> list[str]:
+        """The next slice of the full sweep: the live agents (sorted) after the cursor, as
+        many as the time since the last pass is a share of ``sweep_period_s``."""
+        settings = self._settings
+        last, self._last_pass_ms = self._last_pass_ms, now_ms
+        if not live:
+            return []
+        elapsed_ms = 0 if last is None else max(now_ms - last, 0)
+        # A late pass (a paused process, an outage) catches up at most one more interval.
+        elapsed_ms = min(elapsed_ms, int(2 * settings.reconcile_interval_s * 1000))
+        period_ms = settings.sweep_period_s * 1000
+        self._sweep_owed = min(self._sweep_owed + len(live) * elapsed_ms / period_ms,
+                               float(len(live)))
+        take = math.floor(self._sweep_owed + 1e-9)  # 0.1 added ten times is one agent
+        if take <= 0:
+            return []
+        self._sweep_owed = max(self._sweep_owed - take, 0.0)
+        after = self._sweep_after
+        first = 0 if after is None else bisect.bisect_right(live, after) % len(live)
+        ordered = [*live[first:], *live[:first]]
+        swept = ordered[:take]
+        self._sweep_after = swept[-1]
+        return swept
 
 
 class SchedulerLoop:
-    """The mover every ``mover_interval_s``, a rebuild at start and a reconcile every
-    ``reconcile_interval_s``; through a Redis outage it waits with backoff and rebuilds
-    once Redis is back (docs/architecture.md#outages)."""
+    """The mover every ``mover_interval_s``, a rebuild at start and an incremental
+    reconcile every ``reconcile_interval_s``; through a Redis outage it waits with backoff
+    and rebuilds once Redis is back (docs/architecture.md#outages)."""
 
     def __init__(self, coord: Coordination, settings: Settings) -> None:
         self._coord = coord
         self._settings = settings
         self._outage = Outage(log, "scheduler")
+        self._reconciler = Reconciler(coord, settings)
+        self._rebuild_next = True
         self.stop = threading.Event()
 
     def run(self) -> int:
@@ -64,8 +191,7 @@ class SchedulerLoop:
         while not self.stop.is_set():
             try:
                 if time.monotonic() >= next_reconcile:
-                    report = rebuild(self._coord, self._settings, now_ms=wall_clock_ms())
-                    log.debug("rebuild woke %d live agent(s)", len(report.woken))
+                    self._reconcile()
                     next_reconcile = time.monotonic() + self._settings.reconcile_interval_s
                 self._move()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -77,10 +203,21 @@ class SchedulerLoop:
                 self.stop.wait(1.0)
                 continue
             if self._outage.succeeded():
-                next_reconcile = 0.0  # Redis may have lost everything: rebuild now
+                # Redis may have lost everything: rebuild now
+                next_reconcile = 0.0
+                self._rebuild_next = True
             self.stop.wait(self._settings.mover_interval_s)
         log.info("scheduler stopped")
         return 0
+
+    def _reconcile(self) -> None:
+        now_ms = wall_clock_ms()
+        if self._rebuild_next:
+            report = self._reconciler.rebuild(now_ms=now_ms)
+            self._rebuild_next = False
+            log.debug("rebuild woke %d live agent(s)", len(report.woken))
+        else:
+            self._reconciler.reconcile(now_ms=now_ms)
 
     def _move(self) -> None:
         scheduler = self._coord.wakes.scheduler

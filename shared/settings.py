@@ -10,6 +10,9 @@ from typing import Any
 
 import msgspec
 
+# The reconcile pass's full sweep reaches every live agent within this many seconds at most.
+MAX_SWEEP_PERIOD_S = 600.0
+
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str | None = None
@@ -29,6 +32,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     early_sleep_s: float = 2.0
     # What one JSONL store keeps of the sessions it served, in MiB of accounted bytes.
     cache_mb: int = 256
+    sweep_period_s: float = 600.0
+    followup_stale_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.sweep_period_s > MAX_SWEEP_PERIOD_S:
+            raise ValueError(
+                f"sweep_period_s must be at most {MAX_SWEEP_PERIOD_S:g} seconds, "
+                f"got {self.sweep_period_s!r}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -48,6 +60,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "DSH_SCHEDULE_MOVER_INTERVAL": "mover_interval_s",
             "DSH_SCHEDULE_RECONCILE_INTERVAL": "reconcile_interval_s",
             "DSH_SCHEDULE_CACHE_MB": "cache_mb",
+            "DSH_SCHEDULE_SWEEP_PERIOD": "sweep_period_s",
+            "DSH_SCHEDULE_FOLLOWUP_STALE": "followup_stale_s",
         }
         for var, field in names.items():
             if env.get(var):

@@ -1,11 +1,22 @@
 """The host bridge (docs/architecture.md#hosts-followups-and-rebuild): leases, agent phase for
-turns, the followup delivery gate.
+turns, the ready stream, the followup delivery gate.
 
 A host keeps a lease per installed root agent, marks its turns in the agent phase, and
 consumes the agent's followup stream. An entry is delivered into the session only when
 the log holds a dispatch for each of its reminders and no delivered message covers them;
 otherwise it is dropped. Either way it is acknowledged and deleted, so delivery into the
 session is exactly once per dispatch, whatever Redis or a crashed worker did.
+
+Which agents to look at is pushed, not polled: ``ready(timeout_s)`` is one blocking read of
+the ready stream of the host's queue, on which every followup entry announces its agent in
+the same step as it is written. The bridge keeps its place in that stream in memory, names
+only agents it serves, and adds the agents it has its own reason to look at: each agent
+once when it is installed, every agent whose lease was new at a renewal (Redis lost it, so
+it may have lost announcements too), and agents the host asked to look at ``later``. An
+announcement the bridge never sees (it was trimmed, the host holding it died, Redis lost
+it) leaves its entry in the agent's stream; once that entry is older than
+``followup_stale_s`` the scheduler's reconcile pass wakes the agent, and its re-arm
+announces it again.
 """
 
 from __future__ import annotations
@@ -14,16 +25,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Final
 
 import msgspec
 import redis
 
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair
+from dsh_schedule.shared.coordination.followups import READY_START, FollowupEntry, Pair
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
@@ -33,8 +43,6 @@ from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
-
-STALE_ENTRY_MS: Final = 30_000
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,33 +74,147 @@ class HostBridge:
         self._clock = clock
         self.consumer = consumer or f"host-{uuid.uuid4().hex[:12]}"
         self._ledgers = LedgerCache()
+        self._state = threading.Lock()
+        self._served: set[str] = set()
+        self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
+        self._cursor: str | None = None  # the last id read from the ready stream
+        # A blocking read must end well within the client's socket timeout, if it has one.
+        socket_timeout = coordination.client.connection_pool.connection_kwargs.get(
+            "socket_timeout"
+        )
+        self._longest_block_s = (
+            float(socket_timeout) / 2 if isinstance(socket_timeout, int | float) else None
+        )
+
+    @property
+    def queue(self) -> str:
+        """The queue this host's leases name: the ready stream it reads."""
+        return self._settings.queue
 
     # -- leases ---------------------------------------------------------------------
 
     def install(self, agent: str) -> bool:
-        """Hold a lease for the agent; a new lease enqueues an immediate wake."""
+        """Hold a lease for the agent; a new lease enqueues an immediate wake. ``ready``
+        names the agent once afterwards, whatever its stream holds."""
         settings = self._settings
         new = self._coord.leases.grant(
             agent, settings.queue, now_ms=self._clock(), ttl_s=settings.lease_ttl_s
         )
+        with self._state:
+            self._served.add(agent)
+        self.later([agent], 0.0)
         if new:
             self._coord.trigger(agent)
         return new
 
     def renew(self, agents: Sequence[str]) -> list[str]:
-        """Renew leases; returns the agents whose lease Redis had lost (each re-woken)."""
-        return [agent for agent in agents if self.install(agent)]
+        """Renew leases, one round trip per few thousand agents; returns the agents whose
+        lease Redis had lost (or that had expired). Those are woken together (batched
+        wake jobs) and named by ``ready`` once more."""
+        settings = self._settings
+        new = self._coord.leases.grant_many(
+            agents, settings.queue, now_ms=self._clock(), ttl_s=settings.lease_ttl_s
+        )
+        with self._state:
+            self._served.update(agents)
+        if new:
+            self._coord.wakes.trigger_many({settings.queue: new})
+            self._resync(new)
+        return new
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown)."""
+        with self._state:
+            self._served.discard(agent)
+            self._due.pop(agent, None)
         self._coord.forget_agent(agent, lock_wait_s=self._settings.tool_lock_wait_s)
         self._ledgers.forget(agent)
+
+    # -- which agents to look at ------------------------------------------------------
+
+    def ready(self, timeout_s: float) -> list[str]:
+        """The served agents that may have a followup to deliver, each once: those
+        announced on the ready stream since the last call, and those whose own check has
+        come (installed, re-leased, or asked for ``later``).
+
+        One ``XREAD`` of the queue's ready stream, blocking up to ``timeout_s`` (no longer
+        than until the next own check, or than half the client's socket timeout; not at
+        all when a check is due now, or for ``timeout_s <= 0``). Nothing else is sent to
+        Redis, however many agents are served. An agent named here is not named again
+        for the same announcement: the host looks at it now, or asks for it ``later``.
+        """
+        cursor = self._cursor_now()
+        now = self._clock()
+        with self._state:
+            due = [agent for agent, at in self._due.items() if at <= now]
+            for agent in due:
+                del self._due[agent]
+            upcoming = min(self._due.values(), default=None)
+        wait_s = 0.0 if due else max(timeout_s, 0.0)
+        if upcoming is not None:
+            wait_s = min(wait_s, max(upcoming - now, 0) / 1000)
+        if self._longest_block_s is not None:
+            wait_s = min(wait_s, self._longest_block_s)
+        try:
+            found = self._coord.followups.read_ready(
+                self.queue, cursor, block_ms=int(wait_s * 1000) or None
+            )
+        except redis.RedisError:
+            self.later(due, 0.0)  # still to be looked at once Redis answers
+            raise
+        with self._state:
+            if self._cursor == cursor:  # not reset meanwhile by a renewal that found losses
+                self._cursor = found.cursor
+            announced = [agent for agent in found.agents if agent in self._served]
+        return list(dict.fromkeys([*due, *announced]))
+
+    def later(self, agents: Iterable[str], delay_s: float) -> None:
+        """Have ``ready`` name these served agents again ``delay_s`` from now (a delivery
+        that could not run now: the agent's turn or lock was busy, or its stream still
+        holds entries another consumer read)."""
+        at = self._clock() + int(delay_s * 1000)
+        with self._state:
+            for agent in agents:
+                if agent in self._served:
+                    self._due[agent] = min(self._due.get(agent, at), at)
+
+    def recheck_all(self) -> None:
+        """Have ``ready`` name every served agent once more, at once (after a Redis outage:
+        announcements made while this host could not read may be gone)."""
+        with self._state:
+            served = list(self._served)
+        self._resync(served)
+
+    def _resync(self, agents: Sequence[str]) -> None:
+        """Look at ``agents`` again, and read the ready stream from its start when it is
+        behind the place this host had reached (Redis lost it and began it anew)."""
+        self.later(agents, 0.0)
+        newest = self._coord.followups.ready_cursor(self.queue)
+        with self._state:
+            if self._cursor is not None and _stream_id(newest) < _stream_id(self._cursor):
+                log.info("the ready stream of %s was lost; reading it from its start",
+                         self.queue)
+                self._cursor = READY_START
+
+    def _cursor_now(self) -> str:
+        """Where to read the ready stream from; the first time, its newest announcement
+        (every agent is named once at install, so nothing before it is missed)."""
+        with self._state:
+            cursor = self._cursor
+        if cursor is None:
+            cursor = self._coord.followups.ready_cursor(self.queue)
+            with self._state:
+                if self._cursor is None:
+                    self._cursor = cursor
+                cursor = self._cursor
+        return cursor
 
     # -- turns ----------------------------------------------------------------------
 
     @contextmanager
     def turn(self, agent: str, *, wait_s: float = 60.0) -> Iterator[str]:
-        """Hold the agent's turn phase; waking input stays parked behind maintenance."""
+        """Hold the agent's turn phase; waking input stays parked behind maintenance. When
+        the turn ends, ``ready`` names the agent (a followup may have waited for it)."""
         settings = self._settings
         token = uuid.uuid4().hex
         deadline = time.monotonic() + wait_s
@@ -110,7 +232,10 @@ class HostBridge:
         finally:
             stop.set()
             beat.join()
-            self._end_turn(agent, token)
+            try:
+                self._end_turn(agent, token)
+            finally:
+                self.later([agent], 0.0)
 
     def _heartbeat(self, agent: str, token: str, stop: threading.Event) -> None:
         settings = self._settings
@@ -137,22 +262,39 @@ class HostBridge:
 
     # -- the delivery gate ----------------------------------------------------------
 
+    def has_followup(self, agent: str) -> bool:
+        """Whether this host can take one of the agent's followups now: one it read and
+        has not acknowledged, one no consumer has read (read now), or one another
+        consumer left unacknowledged for ``followup_stale_s`` (taken over now). Needs no
+        turn: a host asks before claiming one, so an entry another host still holds
+        costs it no turn."""
+        followups = self._coord.followups
+        if followups.read(agent, self.consumer, count=1):
+            return True
+        stale_ms = self._coord.followup_stale_ms
+        return bool(followups.claim_stale(agent, self.consumer, min_idle_ms=stale_ms))
+
     def deliver_next(self, agent: str) -> Delivery | None:
         """Deliver the next deliverable followup, dropping the others; hold the turn phase.
 
         Appends ``turn/start`` and the reminder ``user/message`` of a new turn; the host
-        runs that turn and appends the rest of it.
+        runs that turn and appends the rest of it. None once nothing this host can take
+        is left (entries it dropped do not hide later ones).
         """
         followups = self._coord.followups
-        entries = followups.read(agent, self.consumer)
-        if not entries:
-            entries = followups.claim_stale(agent, self.consumer, min_idle_ms=STALE_ENTRY_MS)
-        for entry in entries:
-            delivery = self._gate(agent, entry)
-            followups.done(agent, entry.entry_id)
-            if delivery is not None:
-                return delivery
-        return None
+        while True:
+            entries = followups.read(agent, self.consumer)
+            if not entries:
+                entries = followups.claim_stale(
+                    agent, self.consumer, min_idle_ms=self._coord.followup_stale_ms
+                )
+            if not entries:
+                return None
+            for entry in entries:
+                delivery = self._gate(agent, entry)
+                followups.done(agent, entry.entry_id)
+                if delivery is not None:
+                    return delivery
 
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
         with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
@@ -186,3 +328,8 @@ class HostBridge:
             # its durability.
             log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
         return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)
+
+
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    ms, _dash, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

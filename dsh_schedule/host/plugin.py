@@ -55,7 +55,11 @@ class CompositionError(ScheduleError, TypeError):
 
 
 class SchedulePlugin:
-    """Installs the tools on later root agents and keeps their leases and followups."""
+    """Installs the tools on later root agents and keeps their leases and followups.
+
+    A host renews the leases with ``renew_leases`` and learns which agents have followups
+    from ``bridge.ready`` (pushed; docs/architecture.md#hosts-followups-and-rebuild).
+    """
 
     def __init__(
         self,
@@ -95,6 +99,9 @@ class SchedulePlugin:
         log.info("installed Schedule on %s", agent.agent_id)
 
     def renew_leases(self) -> list[str]:
+        """Renew every installed agent's lease in one batched grant (one round trip per
+        few thousand agents); returns the agents whose lease was new, which are woken
+        together and looked at again by ``bridge.ready``."""
         return self.bridge.renew(self.installed)
 
     def dispose(self) -> None:

@@ -2,7 +2,9 @@
 
 It creates root agents (one per session), lets the plugin install on them, marks turns in
 the agent phase, runs tool calls inside turns, and consumes reminder followups with a
-scripted model that acknowledges each reminder.
+scripted model that acknowledges each reminder. Its ``run`` loop is pushed to: it blocks on
+the bridge's ``ready`` and delivers only for the agents it names, so idle agents cost
+nothing between lease renewals (docs/architecture.md#hosts-followups-and-rebuild).
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import redis
 
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.bridge import Delivery, TurnBusy
 from dsh_schedule.host.plugin import AgentHandle, SchedulePlugin, ToolHandler
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage
 from dsh_schedule.shared.core.catalog import ToolDefinition
 from dsh_schedule.shared.core.events import (
@@ -40,6 +43,12 @@ log = logging.getLogger(__name__)
 ASSISTANT_MESSAGE = "assistant/message"
 TOOL_CALL = "tool/call"
 TOOL_RESULT = "tool/result"
+
+BLOCK_S: Final = 1.0  # the longest one blocking read of the ready stream waits in ``run``
+TURN_WAIT_S: Final = 0.1  # how long serving waits for an agent's turn before moving on
+# When an agent whose turn or lock was busy is looked at again (the end of a turn of this
+# host names it at once anyway).
+BUSY_RETRY_S: Final = 1.0
 
 
 class Agent:
@@ -86,14 +95,19 @@ class ReferenceHost:
         *,
         clock: Clock = wall_clock_ms,
         on_delivery: Callable[[str, Delivery], None] | None = None,
+        consumer: str | None = None,
     ) -> None:
+        """``consumer`` names this host in the followup streams' consumer group (default:
+        a fresh random name); a host restarted under its old name takes back, at once,
+        the entries it had read and not acknowledged."""
         self.store = store
         self.coordination = coordination
         self.settings = settings
         self.clock = clock
         self.registry = AgentRegistry()
         self.plugin = SchedulePlugin(
-            store=store, coordination=coordination, settings=settings, clock=clock
+            store=store, coordination=coordination, settings=settings, clock=clock,
+            consumer=consumer,
         )
         self.plugin.load(self.registry)
         self.agents: dict[str, Agent] = {}
@@ -146,13 +160,17 @@ class ReferenceHost:
 
     # -- followups ------------------------------------------------------------------
 
-    def pump(self, session_id: str) -> list[Delivery]:
-        """Deliver every pending reminder followup, each in its own acknowledged turn."""
-        bridge = self.plugin.bridge
+    def pump(self, session_id: str, *, wait_s: float = 60.0) -> list[Delivery]:
+        """Deliver every pending reminder followup, each in its own acknowledged turn
+        (waiting up to ``wait_s`` for the agent's turn: ``TurnBusy`` after that)."""
         if self.coordination.followups.waiting(session_id) == 0:
             return []
+        return self._deliver_all(session_id, wait_s)
+
+    def _deliver_all(self, session_id: str, wait_s: float) -> list[Delivery]:
+        bridge = self.plugin.bridge
         delivered: list[Delivery] = []
-        with bridge.turn(session_id):
+        with bridge.turn(session_id, wait_s=wait_s):
             while (delivery := bridge.deliver_next(session_id)) is not None:
                 delivered.append(delivery)
                 self._finish_turn(session_id, delivery.turn, _acknowledge(delivery))
@@ -160,36 +178,79 @@ class ReferenceHost:
                     self._on_delivery(session_id, delivery)
         return delivered
 
-    def run(self, stop: threading.Event, *, poll_s: float = 0.05) -> None:
+    def serve(self, timeout_s: float = 0.0) -> list[tuple[str, Delivery]]:
+        """One round of pushed delivery: wait up to ``timeout_s`` for the agents the bridge
+        names (``HostBridge.ready``), then deliver their followups. An agent whose turn or
+        lock is busy, or whose stream keeps entries another consumer holds, is handed back
+        to the bridge to be named ``later``."""
+        bridge = self.plugin.bridge
+        agents = bridge.ready(timeout_s)
+        delivered: list[tuple[str, Delivery]] = []
+        for index, session_id in enumerate(agents):
+            try:
+                delivered.extend((session_id, d) for d in self._serve_one(session_id))
+            except (redis.ConnectionError, redis.TimeoutError):
+                bridge.later(agents[index:], 0.0)
+                raise
+        return delivered
+
+    def _serve_one(self, session_id: str) -> list[Delivery]:
+        bridge = self.plugin.bridge
+        followups = self.coordination.followups
+        if session_id not in self.agents or followups.waiting(session_id) == 0:
+            return []
+        try:
+            if not bridge.has_followup(session_id):
+                # Entries another consumer read and has not acknowledged: this host may
+                # take them over once they are stale.
+                bridge.later([session_id], self.settings.followup_stale_s)
+                return []
+            delivered = self._deliver_all(session_id, TURN_WAIT_S)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except (TurnBusy, LockUnavailable):
+            bridge.later([session_id], BUSY_RETRY_S)
+            return []
+        except Exception:
+            log.exception("delivering followups for %s failed", session_id)
+            bridge.later([session_id], self.settings.followup_stale_s)
+            return []
+        if followups.waiting(session_id):
+            bridge.later([session_id], self.settings.followup_stale_s)  # as above
+        return delivered
+
+    def run(self, stop: threading.Event, *, poll_s: float = BLOCK_S) -> None:
         """Serve every opened agent until ``stop``: renew leases, deliver followups.
+
+        Between lease renewals the loop sends Redis one blocking read of the ready stream
+        at a time (each waits at most ``poll_s``, so ``stop`` is noticed within it) and
+        works only on the agents it names; an idle agent costs nothing.
 
         Through a Redis outage it keeps running: it says once that Redis went away and
         once that it is back, and renews every lease at once when it is back, so a lease
-        Redis lost is granted again and wakes its agent (docs/architecture.md#outages).
+        Redis lost is granted again and wakes its agent (docs/architecture.md#outages);
+        every agent is looked at once more, for announcements made while it could not read.
         """
         outage = Outage(log, "host")
+        bridge = self.plugin.bridge
         next_renew_ms = 0
+        recheck = False
         while not stop.is_set():
             try:
                 if self.clock() >= next_renew_ms:
                     self.plugin.renew_leases()
                     next_renew_ms = self.clock() + int(self.settings.lease_renew_s * 1000)
-                self._pump_all()
+                if recheck:
+                    bridge.recheck_all()
+                    recheck = False
+                wait_s = min(poll_s, max(next_renew_ms - self.clock(), 0) / 1000)
+                self.serve(wait_s)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 next_renew_ms = 0  # renew first thing once Redis is back
+                recheck = True
                 stop.wait(outage.failed(exc))
                 continue
             outage.succeeded()
-            stop.wait(poll_s)
-
-    def _pump_all(self) -> None:
-        for session_id in list(self.agents):
-            try:
-                self.pump(session_id)
-            except (redis.ConnectionError, redis.TimeoutError):
-                raise
-            except Exception:
-                log.exception("delivering followups for %s failed", session_id)
 
     def close(self) -> None:
         self.plugin.dispose()

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import redis
+from rq.job import Job
 
-from dsh_schedule.shared.coordination.followups import Followups
+from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
 from dsh_schedule.shared.coordination.lock import AgentLocks
@@ -23,6 +25,19 @@ from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class Projection(NamedTuple):
+    """What Redis holds for one agent's wake and followups, as the reconcile pass checks it.
+
+    ``wake``: the current-wake pointer (None: no current wake). ``wake_held``: that wake's
+    job is in the schedule or its rq job hash exists. ``oldest_followup_ms``: when (server
+    epoch ms) the oldest entry still in its followup stream was added (None: empty).
+    """
+
+    wake: str | None
+    wake_held: bool
+    oldest_followup_ms: int | None
 
 
 class Coordination:
@@ -36,6 +51,7 @@ class Coordination:
         self.leases = Leases(client, self.keys, default_queue=settings.queue)
         self.followups = Followups(client, self.keys)
         self.wakes = WakeProjection(client, self.keys)
+        self.followup_stale_ms = int(settings.followup_stale_s * 1000)
 
     def rearm(self, agent: str, state: FoldState, now_ms: int) -> str | None:
         """The owner's recompute: arm the agent's wake at its next decision time.
@@ -48,7 +64,15 @@ class Coordination:
         self, folds: Sequence[tuple[str, FoldState]], now_ms: int
     ) -> list[str | None]:
         """``rearm`` for many agents; hold every agent's lock. Each agent's current wake
-        id (None: not live, or nothing to wake for)."""
+        id (None: not live, or nothing to wake for).
+
+        Re-arming also restores the other half of the followup projection: a live agent
+        whose stream still holds an entry older than ``followup_stale_s`` is announced
+        again on its queue's ready stream (its first announcement, or the host holding it,
+        was lost), so the reconcile pass repairs a lost announcement by enqueueing a wake.
+        """
+        if not folds:
+            return []
         queues = self.leases.live_queues([agent for agent, _state in folds], now_ms=now_ms)
         requests = [
             ArmRequest(agent, next_wake_ms(state, now_ms), queues[agent])
@@ -56,7 +80,54 @@ class Coordination:
             if agent in queues
         ]
         armed = dict(zip((r.agent for r in requests), self.wakes.arm_many(requests), strict=True))
+        by_queue: dict[str, list[str]] = {}
+        for agent, queue in queues.items():
+            by_queue.setdefault(queue, []).append(agent)
+        announced = self.followups.announce_stale(by_queue, older_than_ms=self.followup_stale_ms)
+        if announced:
+            log.info("announced %d stale followup stream(s) again", len(announced))
         return [armed.get(agent) for agent, _state in folds]
+
+    def trigger_many(self, agents: Sequence[str]) -> int:
+        """Enqueue immediate wakes for many agents, each on the queue its lease names, in
+        ``wake_batch`` jobs; one round trip to look the queues up, one to enqueue. Returns
+        the number of jobs."""
+        if not agents:
+            return 0
+        by_queue: dict[str, list[str]] = {}
+        for agent, queue in zip(agents, self.leases.queues_of(list(agents)), strict=True):
+            by_queue.setdefault(queue, []).append(agent)
+        return self.wakes.trigger_many(by_queue)
+
+    def projections(self, agents: Sequence[str]) -> list[Projection]:
+        """The ``Projection`` of each agent, in two pipelined round trips however many
+        agents (the caller bounds the batch); it reads only."""
+        if not agents:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.get(self.keys.current_wake(agent))
+                pipe.xrange(self.keys.followups(agent), count=1)
+            replies: list[Any] = pipe.execute()
+        wakes = [_text(w) if w is not None else None for w in replies[0::2]]
+        oldest = [stream_id_ms(_text(r[0][0])) if r else None for r in replies[1::2]]
+        armed = [w for w in wakes if w is not None]
+        held: dict[str, bool] = {}
+        if armed:
+            with self.client.pipeline(transaction=False) as pipe:
+                for wake in armed:
+                    pipe.zscore(self.wakes.scheduler.scheduled_jobs_key, wake)
+                    pipe.exists(Job.key_for(wake))
+                facts: list[Any] = pipe.execute()
+            held = {wake: facts[2 * i] is not None or bool(facts[2 * i + 1])
+                    for i, wake in enumerate(armed)}
+        return [Projection(wake, held.get(wake, False) if wake else False, first)
+                for wake, first in zip(wakes, oldest, strict=True)]
+
+    def server_time_ms(self) -> int:
+        """Redis's own clock, in epoch ms: the clock stream ids are made from."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def trigger(self, agent: str) -> None:
         """Enqueue an immediate wake on the agent's queue."""
@@ -73,3 +144,7 @@ class Coordination:
             self.leases.drop(agent)
             self.phase.forget(agent)
             self.followups.drop(agent)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,21 +1,35 @@
-"""The per-agent followup stream (docs/architecture.md#hosts-followups-and-rebuild).
+"""The per-agent followup stream and the per-queue ready stream
+(docs/architecture.md#hosts-followups-and-rebuild).
 
 An entry holds the exact framing text and the ``(scheduleId, occurrenceAt)`` pairs it
 covers. The stream is a projection: the host delivers an entry only after checking the
 log, and lost entries are re-projected from the log.
+
+Adding an entry also *announces* the agent: in the same script, the agent's id is added to
+the ready stream of the queue its lease names, which is what a host serving that queue
+blocks on. A host therefore learns of a followup without polling every agent's stream. An
+announcement is only a hint: a lost one (a host killed while holding it, a trimmed ready
+stream, a lease that moved) leaves the entry in the agent's stream, where the reconcile
+pass finds it once it is older than the stale age and wakes the agent, whose re-arm
+announces it again (``announce_stale``). The ready stream is trimmed to ``READY_MAXLEN``
+entries on every add.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import msgspec
 import redis
 
 from dsh_schedule.shared.coordination.keys import STREAM_GROUP, Keys
 from dsh_schedule.shared.core.ledger import Pair
+
+READY_MAXLEN: Final = 10_000
+READY_START: Final = "0-0"
+_ADD_ATTEMPTS: Final = 4
 
 
 class FollowupEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -24,30 +38,106 @@ class FollowupEntry(msgspec.Struct, frozen=True, kw_only=True):
     pairs: tuple[Pair, ...]
 
 
-__all__ = ["FollowupEntry", "Followups", "Pair"]
+__all__ = [
+    "READY_MAXLEN", "READY_START", "FollowupEntry", "Followups", "Pair", "ReadyRead",
+    "stream_id_ms",
+]
 
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
+
+# KEYS[1] the agent's followup stream, KEYS[2] the lease-queue hash, KEYS[3] the ready stream
+# of the queue the caller found in the hash (not touched when it found none).
+# ARGV[1] the agent, ARGV[2] the frame text, ARGV[3] the pairs (compact JSON), ARGV[4] the
+# queue the caller found ('' for none), ARGV[5] the ready stream's length limit.
+# Returns {1, entry id} when the entry is written (and the agent announced on the queue its
+# lease names, when it names one); {0, the queue the hash names now, or ''} when that is not
+# ARGV[4]: nothing is written, and the caller tries again with that queue's ready key.
+_ADD = """
+local queue = redis.call('HGET', KEYS[2], ARGV[1]) or ''
+if queue ~= ARGV[4] then
+  return {0, queue}
+end
+local id = redis.call('XADD', KEYS[1], '*', 'text', ARGV[2], 'pairs', ARGV[3])
+if queue ~= '' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[5], '*', 'agent', ARGV[1])
+end
+return {1, id}
+"""
+
+# KEYS[2i-1] an agent's followup stream, KEYS[2i] the ready stream of that agent's queue.
+# ARGV[1] the stale age in ms, ARGV[2] the ready stream's length limit, ARGV[1+i] the agent.
+# Announces each agent again whose oldest entry was added at least ARGV[1] ms ago by the
+# server's clock (the first part of a stream id is the server's epoch ms). Returns the
+# positions (i) of the agents it announced.
+_ANNOUNCE_STALE = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local announced = {}
+for i = 1, #KEYS / 2 do
+  local first = redis.call('XRANGE', KEYS[2 * i - 1], '-', '+', 'COUNT', 1)[1]
+  if first and now_ms - tonumber(string.match(first[1], '^(%d+)')) >= tonumber(ARGV[1]) then
+    redis.call('XADD', KEYS[2 * i], 'MAXLEN', ARGV[2], '*', 'agent', ARGV[2 + i])
+    announced[#announced + 1] = i
+  end
+end
+return announced
+"""
 
 
 def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> FollowupEntry:
     return FollowupEntry(
-        entry_id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        entry_id=_text(entry_id),
         text=fields[b"text"].decode(),
         pairs=_PAIRS.decode(fields[b"pairs"]),
     )
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def stream_id_ms(entry_id: str) -> int:
+    """The server's epoch millisecond at which a stream entry was added (its id's first
+    part)."""
+    return int(entry_id.partition("-")[0])
+
+
+class ReadyRead(msgspec.Struct, frozen=True):
+    """What one read of a ready stream found: the cursor to read on from, and the agents
+    announced after the old cursor (first announcement order, each once)."""
+
+    cursor: str
+    agents: tuple[str, ...]
+
+
 class Followups:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: Keys, *, ready_maxlen: int = READY_MAXLEN
+    ) -> None:
         self._client = client
         self._keys = keys
+        self._ready_maxlen = ready_maxlen
+        self._add = client.register_script(_ADD)
+        self._announce_stale = client.register_script(_ANNOUNCE_STALE)
 
     def add(self, agent: str, text: str, pairs: Sequence[Pair]) -> str:
+        """Add an entry and, in the same atomic step, announce the agent on the ready
+        stream of the queue its lease names (no lease: no announcement; a host that
+        grants the lease later checks the agent's stream anyway). Returns the entry id."""
         encoded = json.dumps([msgspec.to_builtins(p) for p in pairs], separators=(",", ":"))
-        entry_id = self._client.xadd(
-            self._keys.followups(agent), {"text": text.encode(), "pairs": encoded.encode()}
-        )
-        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        queue = self._client.hget(self._keys.lease_queue(), agent)
+        found = _text(queue) if isinstance(queue, bytes | str) else ""
+        for _attempt in range(_ADD_ATTEMPTS):
+            written: Any = self._add(
+                keys=[self._keys.followups(agent), self._keys.lease_queue(),
+                      self._keys.ready(found)],
+                args=[agent, text.encode(), encoded.encode(), found, self._ready_maxlen],
+            )
+            done, value = written
+            if done:
+                return _text(value)
+            found = _text(value)  # the lease moved meanwhile: announce where it is now
+        raise redis.RedisError(f"the lease of {agent} kept moving while adding a followup")
 
     def entries(self, agent: str) -> list[FollowupEntry]:
         """Every entry still in the stream, delivered to a consumer or not."""
@@ -123,3 +213,62 @@ class Followups:
     def waiting(self, agent: str) -> int:
         """How many entries the stream holds (delivered to a consumer or not)."""
         return int(self._client.xlen(self._keys.followups(agent)))
+
+    # -- staleness --------------------------------------------------------------------
+
+    def oldest_added_ms(self, agents: Sequence[str]) -> list[int | None]:
+        """For each agent, when (server epoch ms) the oldest entry still in its stream was
+        added; None for an empty stream. One pipelined round trip."""
+        if not agents:
+            return []
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.xrange(self._keys.followups(agent), count=1)
+            replies: list[Any] = pipe.execute()
+        return [stream_id_ms(_text(reply[0][0])) if reply else None for reply in replies]
+
+    def announce_stale(
+        self, agents_by_queue: Mapping[str, Sequence[str]], *, older_than_ms: int
+    ) -> list[str]:
+        """Announce again, on its queue's ready stream, each agent whose oldest entry was
+        added at least ``older_than_ms`` ago by the server's clock: a followup a live host
+        would long have taken, so its announcement (or its reader) was lost. One script
+        call; returns the agents announced."""
+        calls = [(queue, agent) for queue, agents in agents_by_queue.items() for agent in agents]
+        if not calls:
+            return []
+        keys = [k for queue, agent in calls
+                for k in (self._keys.followups(agent), self._keys.ready(queue))]
+        positions: list[Any] = self._announce_stale(
+            keys=keys,
+            args=[older_than_ms, self._ready_maxlen, *(agent for _queue, agent in calls)],
+        )
+        return [calls[int(i) - 1][1] for i in positions]
+
+    # -- the ready stream ------------------------------------------------------------
+
+    def ready_cursor(self, queue: str) -> str:
+        """The id of the newest announcement on the queue's ready stream (``READY_START``
+        when it holds none): a reader starting here sees every later announcement."""
+        newest: Any = self._client.xrevrange(self._keys.ready(queue), count=1)
+        return _text(newest[0][0]) if newest else READY_START
+
+    def read_ready(
+        self, queue: str, cursor: str, *, block_ms: int | None, count: int = 1_000
+    ) -> ReadyRead:
+        """The agents announced on the queue's ready stream after ``cursor``, at most
+        ``count`` announcements, in one call that waits up to ``block_ms`` for the first
+        (None: returns at once). Nothing is consumed: every reader of the queue sees every
+        announcement, and the stream is trimmed by length, not by readers."""
+        response: Any = self._client.xread(
+            {self._keys.ready(queue): cursor}, count=count,
+            block=block_ms if block_ms else None,
+        )
+        agents: dict[str, None] = {}
+        for _stream, items in response or []:
+            for entry_id, fields in items:
+                cursor = _text(entry_id)
+                agent = fields.get(b"agent")
+                if agent is not None:
+                    agents[_text(agent)] = None
+        return ReadyRead(cursor, tuple(agents))

@@ -34,6 +34,11 @@ class Keys:
     def followups(self, agent: str) -> str:
         return f"{self.prefix}followups:{agent}"
 
+    def ready(self, queue: str) -> str:
+        """STREAM of agent ids whose followup stream gained an entry, one per host queue
+        (the queue a lease names): what a host serving that queue blocks on."""
+        return f"{self.prefix}ready:{queue}"
+
     def current_wake(self, agent: str) -> str:
         return f"{self.prefix}wake:{agent}"
 

@@ -5,12 +5,14 @@ A lease is an entry in one ZSET (agent -> expiry, epoch ms) plus the agent's que
 HASH. Granting or renewing re-creates whatever Redis lost; a new lease reports itself so
 that the caller enqueues an immediate wake. (The followup consumer group is re-created
 by its reader, the moment the stream holds entries: see ``Followups.read``.)
+A host renews all its leases with ``grant_many``: one script call, so one round trip, per
+``GRANT_BATCH`` agents.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import redis
 
@@ -28,6 +30,26 @@ end
 return 0
 """
 
+GRANT_BATCH: Final = 2_000
+
+# KEYS[1] live zset, KEYS[2] lease-queue hash; ARGV[1] expiry ms, ARGV[2] now ms, ARGV[3]
+# queue, ARGV[4..] the agents. Grants or renews each agent's lease; returns the agents that
+# had no valid lease before (in ARGV order).
+_GRANT_MANY = """
+local expiry, now, queue = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local new = {}
+for i = 4, #ARGV do
+  local agent = ARGV[i]
+  local old = redis.call('ZSCORE', KEYS[1], agent)
+  redis.call('ZADD', KEYS[1], expiry, agent)
+  redis.call('HSET', KEYS[2], agent, queue)
+  if (not old) or tonumber(old) < now then
+    new[#new + 1] = agent
+  end
+end
+return new
+"""
+
 
 class Leases:
     """Leases under one prefix; an agent whose lease names no queue uses ``default_queue``."""
@@ -37,6 +59,7 @@ class Leases:
         self._keys = keys
         self._default_queue = default_queue
         self._grant = client.register_script(_GRANT)
+        self._grant_many = client.register_script(_GRANT_MANY)
 
     def grant(self, agent: str, queue: str, *, now_ms: int, ttl_s: float) -> bool:
         """Create or renew the lease; True when it is new (the caller enqueues a wake)."""
@@ -46,6 +69,22 @@ class Leases:
             args=[agent, expiry, now_ms, queue],
         )
         return bool(new)
+
+    def grant_many(
+        self, agents: Sequence[str], queue: str, *, now_ms: int, ttl_s: float
+    ) -> list[str]:
+        """``grant`` for many agents on one queue: one script call (one round trip) per
+        ``GRANT_BATCH`` agents. Returns the agents whose lease is new, in the order given
+        (the caller enqueues their wakes)."""
+        expiry = now_ms + int(ttl_s * 1000)
+        new: list[str] = []
+        for start in range(0, len(agents), GRANT_BATCH):
+            granted: list[Any] = self._grant_many(
+                keys=[self._keys.live(), self._keys.lease_queue()],
+                args=[expiry, now_ms, queue, *agents[start : start + GRANT_BATCH]],
+            )
+            new.extend(m.decode() if isinstance(m, bytes) else str(m) for m in granted)
+        return new
 
     def is_live(self, agent: str, *, now_ms: int) -> bool:
         score = self._client.zscore(self._keys.live(), agent)

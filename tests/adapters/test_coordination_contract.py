@@ -7,13 +7,15 @@ immediate wake follow the lease's queue, and every key any port writes carries t
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import msgspec
 import redis
 from rq import Queue
 from rq.job import Job
 
-from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.agents import Coordination, Projection
 from dsh_schedule.shared.coordination.followups import Pair
 from dsh_schedule.shared.coordination.wake import WAKE_FUNC, wake_job_id
 from dsh_schedule.shared.core.fold import EMPTY, FoldState
@@ -55,7 +57,8 @@ def test_rearm_arms_the_next_decision_time_on_the_lease_queue(
     # then the wake is scheduled at TARGET's second, for the lease's queue
     assert job_id is not None
     assert coordination.wakes.is_scheduled(job_id)
-    assert redis_client.zscore(coordination.keys.scheduled_jobs(), job_id) == TARGET // 1000
+    score = redis_client.zscore(coordination.keys.scheduled_jobs(), job_id)
+    assert score is not None and int(score) == TARGET // 1000
     assert Job.fetch(job_id, connection=redis_client).origin == "beside-the-store"
 
 
@@ -116,8 +119,77 @@ def test_every_key_of_every_port_is_under_the_prefix(
         keys.live(),
         keys.lease_queue(),
         keys.followups(AGENT),
+        keys.ready(queue),
         keys.current_wake(AGENT),
         keys.wake_counter(AGENT),
         keys.scheduled_jobs(),
     }
     assert all(k.startswith(keys.prefix) for k in written - rq_own)
+
+
+def announcements(client: redis.Redis, coordination: Coordination, queue: str) -> int:
+    return int(client.xlen(coordination.keys.ready(queue)))
+
+
+def test_rearm_announces_again_a_followup_older_than_the_stale_age(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    # given a live agent with a followup, announced once when it was added
+    fresh = Coordination(redis_client, settings)  # stale after 30 s
+    stale = Coordination(redis_client, msgspec.structs.replace(settings, followup_stale_s=0.001))
+    fresh.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
+    fresh.followups.add(AGENT, "text", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
+    assert announcements(redis_client, fresh, "beside-the-store") == 1
+    time.sleep(0.01)
+    # when it is re-armed while the entry is younger than the stale age: nothing more
+    fresh.rearm(AGENT, waiting_for(TARGET), T0)
+    assert announcements(redis_client, fresh, "beside-the-store") == 1
+    # and when it is older: announced again, on the lease's queue
+    stale.rearm(AGENT, waiting_for(TARGET), T0)
+    assert announcements(redis_client, fresh, "beside-the-store") == 2
+    # an agent without a lease is neither armed nor announced
+    stale.followups.add("cold", "text", [])
+    time.sleep(0.01)
+    assert stale.rearm("cold", waiting_for(TARGET), T0) is None
+    assert announcements(redis_client, fresh, settings.queue) == 0
+
+
+def test_projections_tell_a_held_wake_from_a_lost_one_and_date_the_oldest_followup(
+    coordination: Coordination, redis_client: redis.Redis, settings: Settings
+) -> None:
+    for agent in ("armed", "lost", "idle"):
+        coordination.leases.grant(agent, settings.queue, now_ms=T0, ttl_s=LEASE_S)
+    armed = coordination.rearm("armed", waiting_for(TARGET), T0)
+    lost = coordination.rearm("lost", waiting_for(TARGET), T0)
+    assert armed is not None and lost is not None
+    # the lost wake's job goes away behind the projection's back
+    redis_client.zrem(coordination.keys.scheduled_jobs(), lost)
+    redis_client.delete(Job.key_for(lost))
+    entry = coordination.followups.add("idle", "text", [])
+
+    found = coordination.projections(["armed", "lost", "idle"])
+
+    assert found == [
+        Projection(armed, True, None),
+        Projection(lost, False, None),
+        Projection(None, False, int(entry.split("-")[0])),
+    ]
+    assert coordination.projections([]) == []
+    # a wake moved to its queue (its job hash exists, it left the schedule) is held too
+    redis_client.zrem(coordination.keys.scheduled_jobs(), armed)
+    Queue(settings.queue, connection=redis_client).enqueue(WAKE_FUNC, "armed", TARGET,
+                                                           job_id=armed)
+    assert coordination.projections(["armed"])[0].wake_held is True
+
+
+def test_trigger_many_wakes_each_agent_on_its_lease_queue_in_batches(
+    coordination: Coordination, redis_client: redis.Redis, settings: Settings
+) -> None:
+    coordination.leases.grant("a", "queue-a", now_ms=T0, ttl_s=LEASE_S)
+    coordination.leases.grant("b", "queue-b", now_ms=T0, ttl_s=LEASE_S)
+    assert coordination.trigger_many(["a", "b", "unleased"]) == 3  # one job per queue
+    assert coordination.trigger_many([]) == 0
+    agents = {queue: [a for job in Queue(queue, connection=redis_client).jobs
+                      for a in job.args[0]["agents"]]
+              for queue in ("queue-a", "queue-b", settings.queue)}
+    assert agents == {"queue-a": ["a"], "queue-b": ["b"], settings.queue: ["unleased"]}

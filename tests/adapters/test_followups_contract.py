@@ -201,3 +201,125 @@ def test_claim_stale_without_a_group_claims_nothing(
     followups = Followups(redis_client, keys)
     followups.add(AGENT, SINGLE_TEXT, SINGLE)
     assert followups.claim_stale(AGENT, "host-1", min_idle_ms=0) == []
+
+
+# -- announcements on the ready stream ----------------------------------------------------
+
+QUEUE = "queue-a"
+
+
+def lease_on(client: redis.Redis, keys: Keys, queue: str, agent: str = AGENT) -> None:
+    """What a lease records of the agent's queue (the lease-queue hash)."""
+    client.hset(keys.lease_queue(), agent, queue)
+
+
+def announced(client: redis.Redis, keys: Keys, queue: str) -> list[str]:
+    raw: Any = client.xrange(keys.ready(queue))
+    return [fields[b"agent"].decode() for _id, fields in raw]
+
+
+def test_add_announces_the_agent_on_the_queue_its_lease_names(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    lease_on(redis_client, keys, QUEUE)
+    entry = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    assert ids(followups.entries(AGENT)) == [entry]
+    assert announced(redis_client, keys, QUEUE) == [AGENT]
+    assert announced(redis_client, keys, "queue-b") == []
+
+
+def test_add_without_a_lease_writes_the_entry_and_announces_nothing(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    assert followups.waiting(AGENT) == 1
+    assert not any(k.decode().startswith(keys.ready("")) for k in redis_client.scan_iter())
+
+
+def test_add_announces_where_the_lease_is_when_it_moved_meanwhile(
+    followups: Followups, redis_client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue is looked up before the script runs; a lease that moved in between is
+    caught by the script, which writes nothing, and the add goes where the lease is now."""
+    lease_on(redis_client, keys, "queue-now")
+    monkeypatch.setattr(redis_client, "hget", lambda *_args: b"queue-before")
+    entry = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    assert ids(followups.entries(AGENT)) == [entry]  # written once
+    assert announced(redis_client, keys, "queue-now") == [AGENT]
+    assert announced(redis_client, keys, "queue-before") == []
+
+
+def test_a_reader_sees_each_announcement_after_its_cursor_once(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    # given a reader that starts at the stream's newest announcement (none yet)
+    followups.ensure_group("agent-2")
+    for agent in (AGENT, "agent-2"):
+        lease_on(redis_client, keys, QUEUE, agent)
+    cursor = followups.ready_cursor(QUEUE)
+    # when three entries announce two agents
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    followups.add("agent-2", BATCH_TEXT, BATCH)
+    followups.add(AGENT, BATCH_TEXT, BATCH)
+    # then one read names each agent once, in first-announcement order
+    first = followups.read_ready(QUEUE, cursor, block_ms=None)
+    assert first.agents == (AGENT, "agent-2")
+    assert first.cursor == followups.ready_cursor(QUEUE)
+    # and reading on from there finds nothing more (without waiting)
+    assert followups.read_ready(QUEUE, first.cursor, block_ms=None).agents == ()
+    # and every reader sees every announcement: nothing is consumed
+    assert followups.read_ready(QUEUE, cursor, block_ms=None).agents == (AGENT, "agent-2")
+
+
+def test_a_read_from_the_newest_announcement_sees_only_later_ones(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    lease_on(redis_client, keys, QUEUE)
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    cursor = followups.ready_cursor(QUEUE)
+    assert followups.read_ready(QUEUE, cursor, block_ms=None).agents == ()
+    followups.add(AGENT, BATCH_TEXT, BATCH)
+    assert followups.read_ready(QUEUE, cursor, block_ms=50).agents == (AGENT,)
+
+
+def test_the_ready_stream_is_trimmed_to_its_length_limit(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    followups = Followups(redis_client, keys, ready_maxlen=5)
+    lease_on(redis_client, keys, QUEUE)
+    for _ in range(40):
+        followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    assert redis_client.xlen(keys.ready(QUEUE)) == 5
+    assert followups.waiting(AGENT) == 40  # the entries themselves are never trimmed
+
+
+def test_announce_stale_announces_only_streams_whose_oldest_entry_is_old_enough(
+    followups: Followups, redis_client: redis.Redis, keys: Keys
+) -> None:
+    # given an agent with an entry and one with an empty stream, both leased on QUEUE
+    followups.ensure_group("agent-2")
+    for agent in (AGENT, "agent-2"):
+        lease_on(redis_client, keys, QUEUE, agent)
+    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    cursor = followups.ready_cursor(QUEUE)
+    both = {QUEUE: [AGENT, "agent-2"]}
+    # an hour is older than the entry: nothing is announced
+    assert followups.announce_stale(both, older_than_ms=3_600_000) == []
+    assert followups.read_ready(QUEUE, cursor, block_ms=None).agents == ()
+    # any age at all: the agent with the entry is announced again, the other is not
+    assert followups.announce_stale(both, older_than_ms=0) == [AGENT]
+    assert followups.read_ready(QUEUE, cursor, block_ms=None).agents == (AGENT,)
+    assert followups.announce_stale({}, older_than_ms=0) == []
+
+
+def test_oldest_added_ms_is_the_server_time_of_the_oldest_entry(
+    followups: Followups, redis_client: redis.Redis
+) -> None:
+    followups.ensure_group("agent-2")
+    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    followups.add(AGENT, BATCH_TEXT, BATCH)
+    seconds, micros = redis_client.time()
+    oldest, empty = followups.oldest_added_ms([AGENT, "agent-2"])
+    assert oldest == int(first.split("-")[0])
+    assert empty is None
+    assert oldest is not None and 0 <= seconds * 1000 + micros // 1000 - oldest < 60_000

@@ -8,7 +8,7 @@ import redis
 
 from dsh_schedule.shared.coordination.followups import Followups, Pair
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.leases import Leases
+from dsh_schedule.shared.coordination.leases import GRANT_BATCH, Leases
 from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
@@ -136,3 +136,64 @@ def test_lease_keys_are_under_the_prefix(
     written = sorted(k.decode() for k in redis_client.scan_iter(match="*"))
     # an idle agent's lease holds no stream: memory per live agent stays small
     assert written == sorted([keys.live(), keys.lease_queue()])
+
+
+# -- renewal in batches -------------------------------------------------------------------
+
+
+class RoundTrips:
+    """Counts the requests a client's connections send (a pipeline is one)."""
+
+    def __init__(self, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        connection_class = client.connection_pool.connection_class
+        send = connection_class.send_packed_command
+
+        def counting(connection: object, *args: object, **kwargs: object) -> object:
+            self.count += 1
+            return send(connection, *args, **kwargs)
+
+        monkeypatch.setattr(connection_class, "send_packed_command", counting)
+
+
+def test_grant_many_reports_exactly_the_new_leases(leases: Leases) -> None:
+    # given a valid lease, an expired one, a dropped one, and an agent never leased
+    leases.grant("valid", QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.grant("expired", QUEUE, now_ms=T0 - 120_000, ttl_s=TTL_S)
+    leases.grant("dropped", QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.drop("dropped")
+    agents = ["valid", "expired", "dropped", "never"]
+    # when all four are granted at once
+    new = leases.grant_many(agents, "queue-b", now_ms=T0 + 1_000, ttl_s=TTL_S)
+    # then the three without a valid lease are new, in the order given
+    assert new == ["expired", "dropped", "never"]
+    assert sorted(leases.live_agents(now_ms=T0 + 1_000 + 60_000)) == sorted(agents)
+    assert leases.live_queues(agents, now_ms=T0 + 1_000) == dict.fromkeys(agents, "queue-b")
+    # and renewing them again finds none new
+    assert leases.grant_many(agents, "queue-b", now_ms=T0 + 2_000, ttl_s=TTL_S) == []
+    assert leases.grant_many([], QUEUE, now_ms=T0, ttl_s=TTL_S) == []
+
+
+def test_grant_many_after_a_flush_finds_every_lease_new(
+    leases: Leases, redis_client: redis.Redis
+) -> None:
+    agents = [f"agent-{i}" for i in range(5)]
+    assert leases.grant_many(agents, QUEUE, now_ms=T0, ttl_s=TTL_S) == agents
+    redis_client.flushdb()
+    assert leases.grant_many(agents, QUEUE, now_ms=T0 + 20_000, ttl_s=TTL_S) == agents
+
+
+@pytest.mark.parametrize(("size", "round_trips"), [(1, 1), (GRANT_BATCH, 1), (2_500, 2)])
+def test_grant_many_takes_one_round_trip_per_batch(
+    leases: Leases, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+    size: int, round_trips: int,
+) -> None:
+    agents = [f"agent-{i:05d}" for i in range(size)]
+    leases.grant_many(["warm-up"], QUEUE, now_ms=T0, ttl_s=TTL_S)  # the script is loaded
+    counter = RoundTrips(redis_client, monkeypatch)
+    new = leases.grant_many(agents, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    assert counter.count == round_trips
+    assert new == agents
+    counter.count = 0
+    assert leases.grant_many(agents, QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) == []
+    assert counter.count == round_trips

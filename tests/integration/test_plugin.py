@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis
+from rq import Queue
 
 from dsh_schedule.host.plugin import CompositionError, SchedulePlugin
 from dsh_schedule.host.reference import Agent, AgentRegistry
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -104,3 +108,38 @@ def test_disposal_of_one_agent_failing_spares_the_others(
     held.release()
     assert redis_client.hget(quick.keys.lease_queue(), "fine") is None
     assert redis_client.hget(quick.keys.lease_queue(), "stuck") is not None  # runs out
+
+
+def test_renewal_grants_every_lease_in_one_batch_and_wakes_the_new_ones_together(
+    store: MemoryStore, coordination: Coordination, redis_client: redis.Redis, settings: Settings
+) -> None:
+    clock = FakeClock()
+    registry = AgentRegistry()
+    plugin = SchedulePlugin(store=store, coordination=coordination, settings=settings, clock=clock)
+    plugin.load(registry)
+    names = ["s1", "s2", "s3"]
+    for name in names:
+        new_session(store, name)
+        registry.publish(Agent(name))
+    queue = Queue(settings.queue, connection=redis_client)
+    queue.empty()
+    calls: list[list[str]] = []
+    grant_many = coordination.leases.grant_many
+
+    def recording(agents: list[str], *args: Any, **kwargs: Any) -> list[str]:
+        calls.append(list(agents))
+        return grant_many(agents, *args, **kwargs)
+
+    coordination.leases.grant_many = recording  # type: ignore[method-assign]
+    # a renewal of valid leases: one batched grant, nothing new, nothing woken
+    clock.advance(settings.lease_renew_s)
+    assert plugin.renew_leases() == []
+    assert calls == [names] and queue.count == 0
+    # after a flush every lease is new again: one batched grant, one batch of wakes
+    redis_client.flushdb()
+    clock.advance(settings.lease_renew_s)
+    assert plugin.renew_leases() == names
+    assert len(calls) == 2
+    woken = [decode_batch(job.args[0]) for job in queue.jobs]
+    assert woken == [ImmediateWakes(agents=tuple(names))]
+    assert all(coordination.leases.is_live(n, now_ms=clock()) for n in names)

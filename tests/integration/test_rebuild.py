@@ -3,17 +3,22 @@ agent, retire ended ones."""
 
 from __future__ import annotations
 
+import time
+
+import msgspec
 import redis
 from rq import Queue
+from rq.job import Job
 
+from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.bridge import HostBridge
-from dsh_schedule.scheduler.process import rebuild
+from dsh_schedule.scheduler.process import Reconciler, rebuild
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Pair
 from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
-from tests.support import FakeClock, new_session
+from tests.support import FakeClock, new_session, reminder_texts
 
 
 def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
@@ -119,3 +124,178 @@ def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
     assert wakes.current("locked") is None and wakes.current("cold") is None
     assert system.coordination.followups.waiting("due") == 1  # dispatched in the batch
     assert [r.id for r in system.store.load("due")[1].active] == []
+
+
+# -- the incremental reconcile pass -------------------------------------------------------
+
+
+def _woken(queue: Queue) -> list[str]:
+    """The agents of every rebuild-style batch waiting in the queue, then empty it."""
+    agents = [a for job in queue.jobs if job.func_name.endswith("wake_batch")
+              for a in decode_batch(job.args[0]).agents]  # type: ignore[union-attr]
+    queue.empty()
+    return agents
+
+
+def _system(redis_client: redis.Redis, settings: Settings, clock: FakeClock) -> EmbeddedSystem:
+    return EmbeddedSystem(MemoryStore(), settings, clock=clock, sleep=clock.advance,
+                          client=redis_client, injected_clock=True)
+
+
+def _open(system: EmbeddedSystem, name: str, *, after_seconds: int | None = None) -> None:
+    new_session(system.store, name)
+    system.host.open_root(name)
+    if after_seconds is not None:
+        _d, create = system.host.agents[name].tools["schedule_create"]
+        assert not create({"prompt": name, "after_seconds": after_seconds}).is_error
+
+
+def test_a_reconcile_pass_wakes_only_the_agents_whose_projection_is_missing_or_stale(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    quick = msgspec.structs.replace(settings, followup_stale_s=0.001, sweep_period_s=600.0,
+                                    reconcile_interval_s=30.0)
+    clock = FakeClock()
+    system = _system(redis_client, quick, clock)
+    for name in ("armed", "lost-job", "stale-followup"):
+        _open(system, name, after_seconds=3600)
+    _open(system, "idle")  # no reminder: no current wake, and that is not stale
+    system.step()  # the new leases' wakes run
+    reconciler = Reconciler(system.coordination, quick)
+    assert sorted(reconciler.rebuild(now_ms=clock()).woken) == [
+        "armed", "idle", "lost-job", "stale-followup"]
+    system.step()
+    # behind the projection's back: a wake's job goes, a followup loses its announcement
+    coord = system.coordination
+    lost = coord.wakes.current("lost-job")
+    assert lost is not None
+    redis_client.zrem(coord.keys.scheduled_jobs(), lost)
+    redis_client.delete(Job.key_for(lost))
+    coord.followups.add("stale-followup", "text", [Pair(scheduleId="s", occurrenceAt="x")])
+    redis_client.delete(coord.keys.ready(quick.queue))
+    # and a lease granted since the last pass, whose own wake never came
+    coord.leases.grant("new", quick.queue, now_ms=clock(), ttl_s=60)
+    time.sleep(0.01)  # the entry is older than the stale age
+    clock.advance(30)
+    system.host.plugin.renew_leases()
+
+    report = reconciler.reconcile(now_ms=clock())
+
+    assert report.new == ("new",)
+    assert report.stale_wakes == ("lost-job",)
+    assert report.stale_followups == ("stale-followup",)
+    assert report.swept == ()  # 5 agents, 30 s of a 600 s sweep: not one agent yet
+    assert sorted(report.woken) == ["lost-job", "new", "stale-followup"]
+    assert report.checked == 5
+    assert sorted(_woken(system.queue)) == ["lost-job", "new", "stale-followup"]
+    # and once the wakes ran, the next pass finds everything in order
+    coord.leases.grant("new", quick.queue, now_ms=clock(), ttl_s=60)
+    reconciler.reconcile(now_ms=clock())  # wakes the three again: the queue was emptied
+    system.step()
+    clock.advance(30)
+    system.host.plugin.renew_leases()
+    coord.leases.grant("new", quick.queue, now_ms=clock(), ttl_s=60)
+    again = reconciler.reconcile(now_ms=clock())
+    assert again.new == again.stale_wakes == again.stale_followups == ()
+
+
+def test_the_sweep_wakes_every_live_agent_once_per_period_a_slice_per_pass(
+    coordination: Coordination, redis_client: redis.Redis, settings: Settings
+) -> None:
+    swept = msgspec.structs.replace(settings, reconcile_interval_s=30.0, sweep_period_s=300.0)
+    clock = FakeClock()
+    agents = [f"agent-{i:02d}" for i in range(10)]
+    coordination.leases.grant_many(agents, swept.queue, now_ms=clock(), ttl_s=86_400)
+    reconciler = Reconciler(coordination, swept)
+    reconciler.rebuild(now_ms=clock())
+    Queue(swept.queue, connection=redis_client).empty()
+
+    slices: list[tuple[str, ...]] = []
+    for _ in range(20):  # two whole periods
+        clock.advance(30)
+        report = reconciler.reconcile(now_ms=clock())
+        assert report.woken == report.swept  # nothing else is stale here
+        slices.append(report.swept)
+
+    # each pass wakes the tenth of the agents its 30 s are of the 300 s period
+    assert [len(s) for s in slices] == [1] * 20
+    assert [a for s in slices[:10] for a in s] == agents
+    assert [a for s in slices[10:] for a in s] == agents
+    # a pass long overdue (a paused scheduler) catches up one more interval, not everyone
+    clock.advance(3_000)
+    assert len(reconciler.reconcile(now_ms=clock()).swept) == 2
+
+
+def test_a_rearm_lost_after_a_durable_create_is_repaired_by_the_sweep_and_delivered_once(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    quick = msgspec.structs.replace(settings, reconcile_interval_s=30.0, sweep_period_s=120.0)
+    clock = FakeClock()
+    system = _system(redis_client, quick, clock)
+    names = ["a-other", "b-lost", "c-other", "d-other"]
+    for name in names:
+        _open(system, name)
+    system.step()
+    reconciler = Reconciler(system.coordination, quick)
+    reconciler.rebuild(now_ms=clock())
+    system.step()
+    # the create is durable, but its re-arm never reached Redis (pointer and job gone)
+    _d, create = system.host.agents["b-lost"].tools["schedule_create"]
+    assert not create({"prompt": "water the plants", "after_seconds": 5}).is_error
+    coord = system.coordination
+    armed = coord.wakes.current("b-lost")
+    assert armed is not None
+    redis_client.zrem(coord.keys.scheduled_jobs(), armed)
+    redis_client.delete(Job.key_for(armed), coord.keys.current_wake("b-lost"))
+    clock.advance(10)
+    system.step()
+    assert reminder_texts(system.store, "b-lost") == []  # nothing wakes it by itself
+
+    woken: list[tuple[str, ...]] = []
+    while not reminder_texts(system.store, "b-lost") and len(woken) < 8:
+        clock.advance(30)
+        system.host.plugin.renew_leases()
+        report = reconciler.reconcile(now_ms=clock())
+        assert not report.new and not report.stale_wakes and not report.stale_followups
+        woken.append(report.woken)
+        system.step()
+        system.step()
+
+    # the sweep reached it within one period (4 passes), one agent per pass
+    assert len(woken) <= 4 and all(len(w) == 1 for w in woken)
+    assert woken[-1] == ("b-lost",)
+    assert len(reminder_texts(system.store, "b-lost")) == 1
+    for _ in range(8):  # later passes and sweeps deliver nothing more
+        clock.advance(30)
+        system.host.plugin.renew_leases()
+        reconciler.reconcile(now_ms=clock())
+        system.step()
+    assert len(reminder_texts(system.store, "b-lost")) == 1
+
+
+def test_a_wake_whose_job_vanished_is_repaired_by_the_next_pass_and_delivered_once(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    quick = msgspec.structs.replace(settings, reconcile_interval_s=30.0, sweep_period_s=600.0)
+    clock = FakeClock()
+    system = _system(redis_client, quick, clock)
+    _open(system, "s1", after_seconds=5)
+    system.step()
+    reconciler = Reconciler(system.coordination, quick)
+    reconciler.rebuild(now_ms=clock())
+    system.step()
+    coord = system.coordination
+    armed = coord.wakes.current("s1")
+    assert armed is not None
+    redis_client.zrem(coord.keys.scheduled_jobs(), armed)  # the pointer stays
+    redis_client.delete(Job.key_for(armed))
+    clock.advance(10)
+    system.step()
+    assert reminder_texts(system.store, "s1") == []
+
+    report = reconciler.reconcile(now_ms=clock())
+    system.step()
+    system.step()
+
+    assert report.stale_wakes == ("s1",) and report.swept == ()
+    assert len(reminder_texts(system.store, "s1")) == 1
