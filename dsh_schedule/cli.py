@@ -288,7 +288,20 @@ def cmd_call(args: argparse.Namespace) -> int:
 # -- long-running processes -----------------------------------------------------------
 
 
+def _stop_while_starting() -> None:
+    """A SIGTERM or SIGINT before the process's own loop has taken over (while it imports
+    or waits for Redis) ends it cleanly: exit 0, as a stop during the loop would."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    _stop_while_starting()
     settings = _settings(args)
     _await_redis(_require_redis(settings, "worker"), args.redis_wait, verbose=args.verbose)
     from dsh_schedule.worker.process import run_worker
@@ -297,6 +310,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    _stop_while_starting()
     settings = _settings(args)
     _await_redis(_require_redis(settings, "scheduler"), args.redis_wait, verbose=args.verbose)
     from dsh_schedule.scheduler.process import run_scheduler
@@ -320,6 +334,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_host(args: argparse.Namespace) -> int:
+    _stop_while_starting()
     settings = _settings(args)
     url = _require_redis(settings, "host")
     _await_redis(url, args.redis_wait, verbose=args.verbose)

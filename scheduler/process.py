@@ -31,6 +31,7 @@ from dsh_schedule.shared.settings import Settings
 log = logging.getLogger(__name__)
 
 CHECK_BATCH: Final = 1_000  # agents per pipelined projection check
+MIN_PAUSE_S: Final = 0.01  # the shortest pause between two mover passes
 
 
 class RebuildReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -206,9 +207,19 @@ class SchedulerLoop:
                 # Redis may have lost everything: rebuild now
                 next_reconcile = 0.0
                 self._rebuild_next = True
-            self.stop.wait(self._settings.mover_interval_s)
+            self.stop.wait(self._pause_s())
         log.info("scheduler stopped")
         return 0
+
+    def _pause_s(self) -> float:
+        """Until the next pass: the mover interval, or less when the earliest wake left
+        in the schedule is due sooner (never under ``MIN_PAUSE_S``: passes closer than
+        that would hand each wake on in an rq job of its own)."""
+        interval = self._settings.mover_interval_s
+        next_due = self._coord.wakes.next_due_ms
+        if next_due is None:
+            return interval
+        return max(MIN_PAUSE_S, min(interval, (next_due - wall_clock_ms()) / 1000))
 
     def _reconcile(self) -> None:
         now_ms = wall_clock_ms()
