@@ -2,10 +2,14 @@
 """Self-contained project commands for a machine that has only Python.
 
     python3 dev.py demo    # the main job, on embedded defaults
-    python3 dev.py test    # the whole test suite
-    python3 dev.py lint    # ruff and mypy --strict on the packages
+    python3 dev.py test    # the whole test suite (pytest arguments may follow)
+    python3 dev.py lint    # ruff, mypy --strict and lint-imports; fails if any fails
 
 Each command creates ``.venv`` on first use and reinstalls when pyproject.toml changes.
+
+The tests start their own redis-server on a free port and stop it at the end; with
+DSH_SCHEDULE_TEST_REDIS=redis://HOST:PORT/DB in the environment (passed through as is)
+they use that database instead, and only ever FLUSHDB it.
 """
 
 from __future__ import annotations
@@ -13,10 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import venv
 from pathlib import Path
 
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".installed"
+TEST_REDIS_ENV = "DSH_SCHEDULE_TEST_REDIS"
 
 
 def _ensure_venv() -> None:
@@ -42,33 +45,27 @@ def _ensure_venv() -> None:
     STAMP.write_text(digest)
 
 
-def _redis_answers(host: str = "127.0.0.1", port: int = 6379) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def _ensure_redis() -> None:
-    """The suite's real-Redis tests need 127.0.0.1:6379; start a local server if we can."""
-    if _redis_answers():
-        return
-    server = shutil.which("redis-server")
-    if server is None:
-        print("dev: no Redis on 127.0.0.1:6379 and no redis-server to start;"
+def _report_test_redis() -> None:
+    """Say which Redis the real-Redis tests will use (tests/conftest.py decides)."""
+    named = os.environ.get(TEST_REDIS_ENV)
+    if named:
+        print(f"dev: real-Redis tests use {TEST_REDIS_ENV}={named} (FLUSHDB only)",
+              file=sys.stderr)
+    elif shutil.which("redis-server") is None:
+        print(f"dev: redis-server is not on PATH and {TEST_REDIS_ENV} is not set;"
               " the real-Redis tests will fail", file=sys.stderr)
-        return
-    subprocess.run(
-        [server, "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
-         "--save", "", "--appendonly", "no"],
-        check=True,
-    )
-    for _ in range(50):
-        if _redis_answers():
-            return
-        time.sleep(0.1)
+
+
+def _lint(env: dict[str, str]) -> int:
+    """ruff, mypy --strict and the import-layer contracts; non-zero when any fails."""
+    failed = []
+    for name, args in (("ruff", ["check", "."]), ("mypy", []), ("lint-imports", [])):
+        if subprocess.call([str(BIN / name), *args], cwd=ROOT, env=env) != 0:
+            failed.append(name)
+    if failed:
+        print(f"dev: lint failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -76,12 +73,10 @@ def main(argv: list[str]) -> int:
     _ensure_venv()
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     if command == "test":
-        _ensure_redis()
+        _report_test_redis()
         return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], cwd=ROOT, env=env)
     if command == "lint":
-        ruff = subprocess.call([str(BIN / "ruff"), "check", "."], cwd=ROOT, env=env)
-        mypy = subprocess.call([str(BIN / "mypy")], cwd=ROOT, env=env)
-        return ruff or mypy
+        return _lint(env)
     if command == "demo":
         return subprocess.call([str(BIN / "dsh-schedule"), "demo", *rest], cwd=ROOT, env=env)
     if command == "run":

@@ -1,5 +1,8 @@
-"""Real ``dsh-schedule worker`` and ``scheduler`` processes against a real Redis, with a
-reference host inside the test (docs/architecture.md#testing)."""
+"""Real ``dsh-schedule worker`` and ``scheduler`` processes against the test session's real
+Redis (``tests/conftest.py``), with a reference host inside the test.
+
+A lost Redis is simulated with FLUSHDB of the tests' own database: every key the processes
+use lives there, and no other database of the server is touched."""
 
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ class Cluster:
 
     def start_host(self, *sessions: str) -> ReferenceHost:
         self.stop_host()
-        host = ReferenceHost(self.store, self.coordination)
+        host = ReferenceHost(self.store, self.coordination, self.settings)
         for session in sessions:
             host.open_root(session)
         self._stop = threading.Event()
@@ -159,13 +162,13 @@ def test_after_reminder_is_delivered_once_by_real_processes(cluster: Cluster) ->
     assert cluster.check().returncode == 0
 
 
-def test_flushall_between_create_and_due_then_rebuild_delivers_once(cluster: Cluster) -> None:
+def test_redis_wiped_between_create_and_due_then_rebuild_delivers_once(cluster: Cluster) -> None:
     session = cluster.session()
     cluster.spawn("worker")
     cluster.spawn("scheduler")
     cluster.start_host(session)
     cluster.call(session, "schedule_create", {"prompt": "x", "after_seconds": 4})
-    cluster.client.flushall()
+    cluster.client.flushdb()
     cluster.rebuild()
     assert wait_for(lambda: len(reminder_texts(cluster.store, session)) == 1)
     time.sleep(2.5)
@@ -173,7 +176,7 @@ def test_flushall_between_create_and_due_then_rebuild_delivers_once(cluster: Clu
     assert len(dispatch_records(cluster.store, session)) == 1
 
 
-def test_flushall_after_dispatch_before_consumption_is_requeued_once(cluster: Cluster) -> None:
+def test_redis_wiped_after_dispatch_before_consumption_is_requeued_once(cluster: Cluster) -> None:
     session = cluster.session()
     cluster.spawn("worker")
     cluster.spawn("scheduler")
@@ -182,7 +185,7 @@ def test_flushall_after_dispatch_before_consumption_is_requeued_once(cluster: Cl
     cluster.stop_host()  # the host stops consuming but keeps its lease for now
     assert wait_for(lambda: len(dispatch_records(cluster.store, session)) == 1)
     assert reminder_texts(cluster.store, session) == []
-    cluster.client.flushall()
+    cluster.client.flushdb()
     cluster.start_host(session)
     cluster.rebuild()
     assert wait_for(lambda: len(reminder_texts(cluster.store, session)) == 1)
