@@ -1,15 +1,27 @@
-"""``honcho start -f deploy/Procfile`` against a real Redis delivers a reminder that
-``dsh-schedule call`` created into the session log through ``dsh-schedule host``."""
+"""The deployment files (deploy/README.md): the Procfile run by honcho against a real Redis
+delivers a reminder; the Procfile's lines, the image (Dockerfile, .dockerignore), the
+compose file, the systemd units and the Prometheus configuration are checked for what a
+first deployment needs.
+
+Docker builds cannot run in the test suite. The compose and Prometheus files are read by
+``read_yaml``: PyYAML when it is installed, otherwise a small reader of the YAML these
+files use (and when both are there, the two must agree). ``docker compose config`` and
+``promtool`` check them too where those tools are installed.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -17,7 +29,384 @@ import redis
 from tests.conftest import REAL_REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
+IMAGE = "dsh-tool-schedule:latest"
+# The metrics the alert rules may read: the operations issue's list.
+KNOWN_METRICS = {
+    "dsh_schedule_lateness_seconds",
+    "dsh_schedule_redis_errors_total",
+    "dsh_schedule_followups_pending",
+    "dsh_schedule_last_pass_timestamp_seconds",
+}
+HISTOGRAMS = {"dsh_schedule_lateness_seconds"}
+
+
+# -- a reader for the YAML of the deployment files --------------------------------------
+
+
+class YamlSubsetError(ValueError):
+    """The text uses YAML that ``load_yaml_subset`` does not read."""
+
+
+_INT = re.compile(r"[-+]?[0-9]+")
+_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_KEY = re.compile(r"""(?P<key>"(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s'"#\[\]{},&*!|>%@`-][^#]*?)"""
+                  r"""\s*:(?:\s+|$)(?P<rest>.*)$""")
+# Booleans to YAML 1.1 readers (PyYAML; Go's yaml.v2, which Prometheus uses).
+_AMBIGUOUS = {"yes", "no", "on", "off", "y", "n"}
+
+
+def load_yaml_subset(text: str) -> Any:
+    """Read the block-style YAML the deployment files are written in: mappings and
+    sequences, flow sequences of scalars (over several lines too), plain, single- and
+    double-quoted scalars, ``|`` and ``>`` block scalars, anchors, aliases and ``<<``
+    merges. Anything else, and anything a YAML 1.1 reader would read differently from a
+    YAML 1.2 one (an unquoted yes/no/on/off), raises YamlSubsetError naming the line."""
+    lines: list[tuple[int, str, int]] = []
+    raw = text.splitlines()
+    for number, line in enumerate(raw, 1):
+        if "\t" in line[: len(line) - len(line.lstrip())]:
+            raise YamlSubsetError(f"line {number}: a tab in the indentation")
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped in ("---", "...") or stripped.startswith("%"):
+            raise YamlSubsetError(f"line {number}: document markers and directives")
+        lines.append((len(line) - len(line.lstrip(" ")), line.strip(), number))
+    reader = _Reader(lines, raw)
+    if not lines:
+        return None
+    value = reader.node(lines[0][0])
+    if reader.i != len(lines):
+        raise YamlSubsetError(f"line {lines[reader.i][2]}: unexpected indentation")
+    return value
+
+
+class _Reader:
+    def __init__(self, lines: list[tuple[int, str, int]], raw: list[str]) -> None:
+        self.lines = lines
+        self.raw = raw
+        self.i = 0
+        self.anchors: dict[str, Any] = {}
+
+    def node(self, indent: int) -> Any:
+        content = self.lines[self.i][1]
+        if content == "-" or content.startswith("- "):
+            return self.sequence(indent)
+        return self.mapping(indent)
+
+    def sequence(self, indent: int) -> list[Any]:
+        items: list[Any] = []
+        while self.i < len(self.lines):
+            col, content, number = self.lines[self.i]
+            if col != indent or not (content == "-" or content.startswith("- ")):
+                break
+            rest = content[1:].lstrip()
+            if not rest:
+                self.i += 1
+                items.append(self.nested(indent, number))
+            elif _KEY.match(rest) and not rest.startswith(("[", '"', "'", "*", "&")):
+                # "- key: value": a mapping whose keys line up after the dash
+                self.lines[self.i] = (col + len(content) - len(rest), rest, number)
+                items.append(self.mapping(col + len(content) - len(rest)))
+            else:
+                items.append(self.value(rest, indent, number))
+        return items
+
+    def mapping(self, indent: int) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        merged: dict[str, Any] = {}
+        while self.i < len(self.lines):
+            col, content, number = self.lines[self.i]
+            if col < indent:
+                break
+            if col > indent:
+                raise YamlSubsetError(f"line {number}: unexpected indentation")
+            if content == "-" or content.startswith("- "):
+                break
+            match = _KEY.match(content)
+            if match is None:
+                raise YamlSubsetError(f"line {number}: not a 'key: value' line")
+            key = self.scalar(match["key"].strip(), number, flow=False)
+            if not isinstance(key, str):
+                raise YamlSubsetError(f"line {number}: a key that is no string")
+            rest = match["rest"].strip()
+            if key == "<<":
+                self.i += 1
+                source = self.value(rest, indent, number, advanced=True)
+                if not isinstance(source, dict):
+                    raise YamlSubsetError(f"line {number}: '<<' merges a mapping only")
+                merged.update({k: v for k, v in source.items() if k not in merged})
+                continue
+            if key in result:
+                raise YamlSubsetError(f"line {number}: duplicate key {key!r}")
+            result[key] = self.value(rest, indent, number)
+        for key, value in merged.items():
+            result.setdefault(key, value)
+        return result
+
+    def nested(self, indent: int, number: int, *, same_indent_sequence: bool = False) -> Any:
+        """The block below a line that ends after its key, dash or anchor."""
+        if self.i < len(self.lines):
+            col, content, _ = self.lines[self.i]
+            if col > indent:
+                return self.node(col)
+            if (same_indent_sequence and col == indent
+                    and (content == "-" or content.startswith("- "))):
+                return self.sequence(col)
+        return None
+
+    def value(self, rest: str, indent: int, number: int, *, advanced: bool = False) -> Any:
+        """The value that starts with ``rest`` on line ``number`` (its line not yet passed
+        unless ``advanced``)."""
+        if not advanced:
+            self.i += 1
+        anchor = None
+        if rest.startswith("&"):
+            anchor, _, rest = rest[1:].partition(" ")
+            rest = rest.strip()
+        if rest.startswith("*"):
+            name = _strip_comment(rest[1:], number)
+            if name not in self.anchors:
+                raise YamlSubsetError(f"line {number}: unknown alias *{name}")
+            value = self.anchors[name]
+        elif not rest or rest.startswith("#"):
+            value = self.nested(indent, number, same_indent_sequence=True)
+        elif rest[0] in "|>":
+            value = self.block_scalar(rest, indent, number)
+        elif rest.startswith("["):
+            value = self.flow_sequence(rest, number)
+        elif rest[0] in "\"'":
+            end = _quoted_end(rest, number)
+            if _strip_comment(rest[end:].strip(), number):
+                raise YamlSubsetError(f"line {number}: text after a quoted scalar")
+            value = self.scalar(rest[:end], number, flow=False)
+        else:
+            value = self.scalar(_strip_comment(rest, number), number, flow=False)
+        if anchor is not None:
+            self.anchors[anchor] = value
+        return value
+
+    def block_scalar(self, header: str, indent: int, number: int) -> str:
+        style, chomp = header[0], _strip_comment(header[1:], number)
+        if chomp not in ("", "-"):
+            raise YamlSubsetError(f"line {number}: block scalar header {header!r}")
+        body: list[str] = []
+        first = self.lines[self.i] if self.i < len(self.lines) else None
+        if first is None or first[0] <= indent:
+            raise YamlSubsetError(f"line {number}: an empty block scalar")
+        start, block_indent = first[2], first[0]
+        while self.i < len(self.lines) and self.lines[self.i][0] > indent:
+            col, _, line_number = self.lines[self.i]
+            if col != block_indent:
+                raise YamlSubsetError(f"line {line_number}: uneven block scalar indentation")
+            self.i += 1
+        end = self.lines[self.i - 1][2]
+        for line in self.raw[start - 1 : end]:
+            if not line.strip():
+                raise YamlSubsetError(f"line {number}: a blank line inside a block scalar")
+            body.append(line[block_indent:])
+        text = ("\n" if style == "|" else " ").join(body)
+        return text if chomp == "-" else text + "\n"
+
+    def flow_sequence(self, rest: str, number: int) -> list[Any]:
+        text = rest
+        while not _balanced(text):
+            if self.i >= len(self.lines):
+                raise YamlSubsetError(f"line {number}: an unclosed '['")
+            text += " " + self.lines[self.i][1]
+            self.i += 1
+        inner, close = _split_flow(text, number)
+        if _strip_comment(close, number):
+            raise YamlSubsetError(f"line {number}: text after ']'")
+        return [self.scalar(item, number, flow=True) for item in inner]
+
+    def scalar(self, text: str, number: int, *, flow: bool) -> Any:
+        if text.startswith('"'):
+            if not (len(text) >= 2 and text.endswith('"')):
+                raise YamlSubsetError(f"line {number}: a double-quoted scalar must end the line")
+            return _unescape(text[1:-1], number)
+        if text.startswith("'"):
+            if not (len(text) >= 2 and text.endswith("'")):
+                raise YamlSubsetError(f"line {number}: a single-quoted scalar must end the line")
+            return text[1:-1].replace("''", "'")
+        if text[:1] in set("[]{}!%@`&*|>,") or text.startswith(("- ", "? ")):
+            raise YamlSubsetError(f"line {number}: unsupported scalar {text!r}")
+        if ": " in text or text.endswith(":") or " #" in text:
+            raise YamlSubsetError(f"line {number}: ambiguous plain scalar {text!r}")
+        if flow and any(c in text for c in "[]{},"):
+            raise YamlSubsetError(f"line {number}: flow indicator in {text!r}")
+        if text in ("", "~", "null", "Null", "NULL"):
+            return None
+        if text in ("true", "True", "TRUE"):
+            return True
+        if text in ("false", "False", "FALSE"):
+            return False
+        if text.lower() in _AMBIGUOUS:
+            raise YamlSubsetError(f"line {number}: quote {text!r} (a boolean in YAML 1.1)")
+        if _INT.fullmatch(text):
+            if len(text.lstrip("+-")) > 1 and text.lstrip("+-").startswith("0"):
+                raise YamlSubsetError(f"line {number}: quote {text!r} (octal in YAML 1.1)")
+            return int(text)
+        if _FLOAT.fullmatch(text):
+            return float(text)
+        if re.fullmatch(r"[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?", text):
+            raise YamlSubsetError(f"line {number}: quote {text!r} (base 60 in YAML 1.1)")
+        return text
+
+
+def _strip_comment(text: str, number: int) -> str:
+    """``text`` (no quoted scalar) without a trailing comment."""
+    if text.startswith("#"):
+        return ""
+    return text.split(" #", 1)[0].strip()
+
+
+def _quoted_end(text: str, number: int) -> int:
+    """The index just past the quoted scalar that starts ``text``."""
+    quote, i = text[0], 1
+    while i < len(text):
+        if quote == '"' and text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == quote:
+            if quote == "'" and text[i + 1 : i + 2] == "'":
+                i += 2
+                continue
+            return i + 1
+        i += 1
+    raise YamlSubsetError(f"line {number}: a quoted scalar must end on its line")
+
+
+def _balanced(text: str) -> bool:
+    depth, quote, i = 0, "", 0
+    while i < len(text):
+        char = text[i]
+        if quote == '"' and char == "\\":
+            i += 2
+            continue
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth == 0:
+                return True
+        i += 1
+    return False
+
+
+def _split_flow(text: str, number: int) -> tuple[list[str], str]:
+    """The items of the flow sequence at the start of ``text`` and what follows it."""
+    items: list[str] = []
+    current, quote, i = "", "", 1
+    while i < len(text):
+        char = text[i]
+        if quote == '"' and char == "\\":
+            current += text[i : i + 2]
+            i += 2
+            continue
+        if quote:
+            current += char
+            if char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+            current += char
+        elif char == "[" or char == "{":
+            raise YamlSubsetError(f"line {number}: nested flow collections")
+        elif char in ",]":
+            item = current.strip()
+            if item:
+                items.append(item)
+            elif char == ",":
+                raise YamlSubsetError(f"line {number}: an empty flow item")
+            current = ""
+            if char == "]":
+                return items, text[i + 1 :].strip()
+        else:
+            current += char
+        i += 1
+    raise YamlSubsetError(f"line {number}: an unclosed '['")
+
+
+_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "/": "/"}
+
+
+def _unescape(body: str, number: int) -> str:
+    out, i = "", 0
+    while i < len(body):
+        char = body[i]
+        if char == "\\":
+            escaped = body[i + 1 : i + 2]
+            if escaped not in _ESCAPES:
+                raise YamlSubsetError(f"line {number}: escape \\{escaped} in a quoted scalar")
+            out += _ESCAPES[escaped]
+            i += 2
+        elif char == '"':
+            raise YamlSubsetError(f"line {number}: an unescaped '\"' inside a quoted scalar")
+        else:
+            out += char
+            i += 1
+    return out
+
+
+def read_yaml(path: Path) -> Any:
+    """``path`` read by ``load_yaml_subset``, and by PyYAML too when it is installed (the
+    two must agree)."""
+    text = path.read_text(encoding="utf-8")
+    value = load_yaml_subset(text)
+    try:
+        import yaml  # type: ignore[import-untyped]
+    except ImportError:
+        return value
+    assert yaml.safe_load(text) == value, f"{path}: the subset reader and PyYAML disagree"
+    return value
+
+
+def test_the_yaml_reader_reads_what_the_deployment_files_use() -> None:
+    text = """
+# a comment
+base: &base
+  image: "x:1"   # trailing comment
+  list: ["a", 'b''s', 3,
+         "d e"]
+  empty:
+svc:
+  <<: *base
+  image: img
+  items:
+  - name: one
+    port: 9460
+  -   two
+  text: >-
+    folded
+    lines
+  lit: |
+    a
+    b
+  quoted: "\\"$$X\\" / y"
+"""
+    assert load_yaml_subset(text) == {
+        "base": {"image": "x:1", "list": ["a", "b's", 3, "d e"], "empty": None},
+        "svc": {
+            "image": "img", "list": ["a", "b's", 3, "d e"], "empty": None,
+            "items": [{"name": "one", "port": 9460}, "two"],
+            "text": "folded lines", "lit": "a\nb\n", "quoted": '"$$X" / y',
+        },
+    }
+    for bad in ("a: yes", "a: {b: 1}", "a: 1\n  b: 2", "a: 1\na: 2", "a: !tag x",
+                "a: 0750", "a: 1:30"):
+        with pytest.raises(YamlSubsetError):
+            load_yaml_subset(bad)
+
+
+# -- the Procfile -----------------------------------------------------------------------
 
 
 def _delivered(log: Path) -> list[dict[str, object]]:
@@ -30,30 +419,47 @@ def _delivered(log: Path) -> list[dict[str, object]]:
     return found
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without DSH_SCHEDULE_* settings (the test Redis's name stays)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("DSH_SCHEDULE_") or k == "DSH_SCHEDULE_TEST_REDIS"}
+
+
+def _procfile() -> dict[str, str]:
+    lines = (DEPLOY / "Procfile").read_text(encoding="utf-8").splitlines()
+    found = (re.match(r"^([A-Za-z0-9_-]+):\s*(.+)$", line) for line in lines)
+    return {m[1]: m[2] for m in found if m}
+
+
 @pytest.mark.redis
 @pytest.mark.slow
 def test_procfile_runs_worker_scheduler_and_host(tmp_path: Path, real_redis: redis.Redis) -> None:
+    """The host line creates the session it serves that does not exist yet (deploy-s1)
+    beside one that does (deploy-s0), and a reminder created with ``dsh-schedule call`` is
+    delivered into the new one."""
     sessions = tmp_path / "sessions"
     env = dict(
-        os.environ,
+        _clean_env(),
         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         DSH_SCHEDULE_REDIS_URL=REAL_REDIS_URL,
         DSH_SCHEDULE_SESSIONS=str(sessions),
         DSH_SCHEDULE_PREFIX="honcho-test:",
         DSH_SCHEDULE_QUEUE="honcho-test",
-        DSH_SCHEDULE_HOST_SESSIONS="deploy-s1",
+        DSH_SCHEDULE_HOST_SESSIONS="deploy-s0 deploy-s1",
     )
     cli = [sys.executable, "-m", "dsh_schedule"]
-    subprocess.run([*cli, "session", "create", "deploy-s1"], env=env, check=True)
+    subprocess.run([*cli, "session", "create", "deploy-s0"], env=env, check=True,
+                   capture_output=True)
     honcho = subprocess.Popen(
-        [str(BIN / "honcho"), "start", "-f", str(ROOT / "deploy" / "Procfile"),
-         "-d", str(ROOT)],
+        [str(BIN / "honcho"), "start", "-f", str(DEPLOY / "Procfile"), "-d", str(ROOT)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 20
-        while not real_redis.zscore("honcho-test:live", "deploy-s1"):
-            assert time.monotonic() < deadline, "the host never took its lease"
+        while not all(real_redis.zscore("honcho-test:live", s) for s in ("deploy-s0",
+                                                                          "deploy-s1")):
+            assert honcho.poll() is None, "honcho stopped"
+            assert time.monotonic() < deadline, "the host never took its leases"
             time.sleep(0.1)
         created = subprocess.run(
             [*cli, "call", "deploy-s1", "schedule_create",
@@ -61,7 +467,7 @@ def test_procfile_runs_worker_scheduler_and_host(tmp_path: Path, real_redis: red
             env=env, capture_output=True, text=True, check=True,
         )
         assert json.loads(created.stdout)["id"] == "schedule-1"
-        log = next(sessions.glob("*.jsonl"))
+        log = sessions / "deploy-s1.jsonl"
         deadline = time.monotonic() + 30
         while not _delivered(log):
             assert time.monotonic() < deadline, "the reminder was not delivered"
@@ -70,6 +476,7 @@ def test_procfile_runs_worker_scheduler_and_host(tmp_path: Path, real_redis: red
         delivered = _delivered(log)
         assert len(delivered) == 1
         assert 'reminder_prompt_json: "deployed"' in delivered[0]["data"]["content"][0]["text"]
+        assert _delivered(sessions / "deploy-s0.jsonl") == []
     finally:
         os.killpg(honcho.pid, signal.SIGTERM)
         try:
@@ -79,3 +486,392 @@ def test_procfile_runs_worker_scheduler_and_host(tmp_path: Path, real_redis: red
             honcho.wait()
         assert honcho.stdout is not None
         honcho.stdout.close()
+
+
+def test_procfile_lines_create_missing_sessions_and_give_each_process_its_metrics_port(
+        tmp_path: Path) -> None:
+    """Each line run as honcho runs it (``sh -c`` with ``$PORT``), against a stand-in
+    ``dsh-schedule`` that records its arguments and metrics port."""
+    stub_bin = tmp_path / "bin"
+    stub_bin.mkdir()
+    calls = tmp_path / "calls"
+    stub = stub_bin / "dsh-schedule"
+    stub.write_text(
+        "#!/bin/sh\n"
+        f'echo "${{DSH_SCHEDULE_METRICS_PORT-unset}} $*" >> "{calls}"\n'
+        'if [ "$1" = session ]; then : > "$DSH_SCHEDULE_SESSIONS/$3.jsonl"; fi\n',
+        encoding="utf-8",
+    )
+    stub.chmod(0o755)
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    (sessions / "old.jsonl").write_text("", encoding="utf-8")
+    lines = _procfile()
+    assert set(lines) == {"worker", "scheduler", "host"}
+
+    def run(name: str, port: int, **extra: str) -> list[str]:
+        calls.write_text("", encoding="utf-8")
+        env = dict(_clean_env(), PATH=f"{stub_bin}{os.pathsep}{os.environ['PATH']}",
+                   PORT=str(port), DSH_SCHEDULE_SESSIONS=str(sessions),
+                   DSH_SCHEDULE_HOST_SESSIONS="old new", **extra)
+        subprocess.run(["/bin/sh", "-c", lines[name]], env=env, check=True, timeout=30)
+        return calls.read_text(encoding="utf-8").splitlines()
+
+    assert run("worker", 5000) == ["unset worker"]
+    assert run("scheduler", 5100) == ["unset scheduler"]
+    assert run("host", 5200) == ["unset session create new", "unset host old new"]
+    assert (sessions / "new.jsonl").exists()
+    # Both exist now: nothing is created again.
+    assert run("host", 5200) == ["unset host old new"]
+    # With metrics asked for, each process takes the port honcho hands it.
+    on = {"DSH_SCHEDULE_METRICS_PORT": "9460"}
+    assert run("worker", 5001, **on) == ["5001 worker"]
+    assert run("scheduler", 5100, **on) == ["5100 scheduler"]
+    assert run("host", 5200, **on) == ["5200 host old new"]
+
+
+# -- the image --------------------------------------------------------------------------
+
+
+def _dockerignore_patterns() -> list[re.Pattern[str]]:
+    patterns = []
+    for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        assert not line.startswith("!"), "exceptions are not modelled by this test"
+        regex = ""
+        for part in re.split(r"(\*\*/|\*\*|\*|\?)", line.strip("/")):
+            regex += {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(
+                part, re.escape(part))
+        patterns.append(re.compile(regex))
+    return patterns
+
+
+def in_build_context(relative: str, patterns: list[re.Pattern[str]]) -> bool:
+    """Whether the path (relative to the repository, '/'-separated) is sent to the Docker
+    build: neither it nor a folder above it matches a .dockerignore pattern."""
+    parts = relative.split("/")
+    prefixes = ("/".join(parts[: n + 1]) for n in range(len(parts)))
+    return not any(p.fullmatch(prefix) for prefix in prefixes for p in patterns)
+
+
+def test_dockerignore_sends_the_source_and_not_the_checkout_s_debris() -> None:
+    patterns = _dockerignore_patterns()
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    needed = ["pyproject.toml", "README.md"] + [
+        path for path in tracked
+        if path.split("/")[0] in ("dsh_schedule", "shared", "worker", "scheduler")
+    ]
+    assert {"dsh_schedule/shared", "shared/settings.py", "worker/process.py",
+            "scheduler/process.py"} <= set(needed)
+    for path in needed:
+        assert in_build_context(path, patterns), f"{path} is left out of the build context"
+    for lock in ("requirements.lock", "constraints.txt"):
+        assert in_build_context(lock, patterns)
+    for debris in (".venv/bin/python", ".git/HEAD", ".git", "shared/__pycache__/x.pyc",
+                   "dsh_schedule/host/__pycache__/reference.cpython-311.pyc",
+                   "dsh_tool_schedule.egg-info/PKG-INFO", "build/lib/dsh_schedule/cli.py",
+                   "dist/x.whl", ".mypy_cache/3.11/x.json", ".ruff_cache/CACHEDIR.TAG",
+                   ".pytest_cache/README.md", ".hypothesis/examples/x",
+                   ".import_linter_cache/x", "bench-results/loadtest-1.json", ".env"):
+        assert not in_build_context(debris, patterns), f"{debris} is in the build context"
+
+
+def _dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage, as (INSTRUCTION, arguments), continuation
+    lines joined."""
+    stages: list[list[tuple[str, str]]] = []
+    current = ""
+    for line in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if current and line.lstrip().startswith("#"):
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        word, _, args = current.strip().partition(" ")
+        current = ""
+        if word.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((word.upper(), " ".join(args.split())))
+    return stages
+
+
+def _sessions_in_image() -> str:
+    final = _dockerfile_stages()[-1]
+    volumes = [json.loads(args) for word, args in final if word == "VOLUME"]
+    assert len(volumes) == 1 and len(volumes[0]) == 1, "one VOLUME: the session directory"
+    return str(volumes[0][0])
+
+
+def test_dockerfile_installs_the_project_for_an_unprivileged_user() -> None:
+    stages = _dockerfile_stages()
+    build, final = stages[0], stages[-1]
+    # The whole context is copied, so the linked folders arrive with dsh_schedule/.
+    assert ("COPY", ". .") in build
+    install = next(args for word, args in build if word == "RUN" and "pip install" in args)
+    assert re.search(r"pip install \$constraints \.", install)
+    assert "-e " not in install and "--editable" not in install
+    # A lock file is used as constraints whenever the repository has one.
+    assert "requirements.lock" in install and "constraints.txt" in install
+    assert "--constraint $file" in install
+
+    users = [args for word, args in final if word == "USER"]
+    assert users, "the image must not run as root"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0"), users[-1]
+    assert user.isdigit(), "a numeric USER lets runtimes check it is not root"
+    setup = " ".join(args for word, args in final if word == "RUN")
+    assert f"--uid {user}" in setup
+    sessions = _sessions_in_image()
+    assert f"mkdir -p {sessions}" in setup
+    owner = re.search(r"chown -R (\S+):\S+ (\S+)", setup)
+    assert owner is not None and sessions.startswith(owner[2])
+    env = " ".join(args for word, args in final if word == "ENV")
+    assert f"DSH_SCHEDULE_SESSIONS={sessions}" in env
+    assert "/opt/dsh-schedule/venv/bin" in env
+    assert any(word == "COPY" and args.startswith("--from=") for word, args in final)
+
+
+def test_the_image_installs_what_metrics_need() -> None:
+    """The image installs the project's dependencies only, and the compose deployment
+    turns metrics on: whatever the package imports for them must be a dependency."""
+    source = "\n".join(
+        path.read_text(encoding="utf-8")
+        for folder in ("dsh_schedule", "shared", "worker", "scheduler")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    )
+    if not re.search(r"^\s*(?:from|import) prometheus_client\b", source, re.MULTILINE):
+        return  # no metrics code yet
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    dependencies = list(project["dependencies"])
+    install = next(args for word, args in _dockerfile_stages()[0]
+                   if word == "RUN" and "pip install" in args)
+    for extras in re.findall(r"\.\[([\w,-]+)\]", install):
+        for extra in extras.split(","):
+            dependencies += project.get("optional-dependencies", {}).get(extra, [])
+    assert any(re.match(r"prometheus[-_]client\b", d, re.IGNORECASE) for d in dependencies), (
+        "the metrics import prometheus_client: list prometheus-client in [project] "
+        "dependencies (or in an extra the Dockerfile installs), or the image's processes "
+        "cannot serve metrics")
+
+
+# -- compose ----------------------------------------------------------------------------
+
+
+def _compose() -> dict[str, Any]:
+    compose = read_yaml(DEPLOY / "docker-compose.yml")
+    assert isinstance(compose, dict)
+    return compose
+
+
+def _one_shot(service: dict[str, Any]) -> bool:
+    return service.get("restart") == "no"
+
+
+def test_compose_services_have_healthchecks_ordered_start_and_shared_sessions() -> None:
+    compose = _compose()
+    services: dict[str, dict[str, Any]] = compose["services"]
+    assert {"redis", "session-init", "scheduler", "worker", "host"} <= set(services)
+    ours = {name: s for name, s in services.items() if s.get("image") == IMAGE}
+    assert set(ours) == {"session-init", "scheduler", "worker", "host"}
+
+    for name, service in services.items():
+        if _one_shot(service):
+            assert "healthcheck" not in service, name
+            continue
+        assert service.get("restart") == "unless-stopped", name
+        test = service.get("healthcheck", {}).get("test")
+        assert isinstance(test, list) and test[0] in ("CMD", "CMD-SHELL"), name
+        for dependency, spec in service.get("depends_on", {}).items():
+            condition = spec["condition"]
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dependency], (name, dependency)
+            else:
+                assert condition == "service_completed_successfully", (name, dependency)
+                assert _one_shot(services[dependency]), (name, dependency)
+    assert [s for s in services.values() if _one_shot(s)] == [services["session-init"]]
+
+    redis_service = services["redis"]
+    assert "redis-cli ping" in " ".join(redis_service["healthcheck"]["test"])
+    command = redis_service["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert any(v.endswith(":/data") for v in redis_service["volumes"])
+    for name in ("scheduler", "worker"):
+        assert services[name]["healthcheck"]["test"] == ["CMD", "dsh-schedule", "health"]
+    assert services["worker"]["deploy"]["replicas"] == 2
+
+    for name in ("scheduler", "worker", "host"):
+        assert services[name]["depends_on"]["redis"] == {"condition": "service_healthy"}
+        assert services[name]["command"][:2] == ["dsh-schedule", name]
+    assert services["host"]["depends_on"]["session-init"] == {
+        "condition": "service_completed_successfully"}
+
+    # Host and workers share one session store: the same named volume at the directory
+    # their settings name, the image's VOLUME.
+    sessions = _sessions_in_image()
+    mounts = {}
+    for name in ("session-init", "worker", "host"):
+        service = services[name]
+        assert service["environment"]["DSH_SCHEDULE_SESSIONS"] == sessions, name
+        (mount,) = [v for v in service["volumes"] if v.endswith(f":{sessions}")]
+        mounts[name] = mount.split(":")[0]
+    assert len(set(mounts.values())) == 1
+    assert set(mounts.values()) <= set(compose["volumes"])
+    env = services["host"]["environment"]
+    for name in ("worker", "scheduler"):
+        for var in ("DSH_SCHEDULE_REDIS_URL", "DSH_SCHEDULE_PREFIX", "DSH_SCHEDULE_QUEUE"):
+            assert services[name]["environment"][var] == env[var], (name, var)
+    assert env["DSH_SCHEDULE_REDIS_URL"].startswith("redis://redis:")
+
+    # The host serves the sessions session-init creates, and only after it ran.
+    hosted = services["host"]["command"][2:]
+    init = " ".join(services["session-init"]["command"])
+    for session in hosted:
+        assert re.fullmatch(r"[a-z0-9_-]+", session)
+        assert f'test -e "$$DSH_SCHEDULE_SESSIONS/{session}.jsonl"' in init
+        assert f"dsh-schedule session create {session}" in init
+    for service in ours.values():
+        assert service["build"]["context"] == ".."
+        assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+
+
+def _compose_command() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker is not None and subprocess.run(
+            [docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return None if legacy is None else [legacy]
+
+
+def test_compose_file_validates_with_docker_compose() -> None:
+    """``docker compose config`` (or the older ``docker-compose``) needs only the client,
+    no engine."""
+    compose = _compose_command()
+    if compose is None:
+        pytest.skip("neither the docker compose plugin nor docker-compose is installed")
+    result = subprocess.run(
+        [*compose, "-f", str(DEPLOY / "docker-compose.yml"), "--profile", "monitoring",
+         "config", "--quiet"],
+        capture_output=True, text=True, timeout=60, env=_clean_env(),
+    )
+    assert result.returncode == 0, result.stderr
+
+
+# -- systemd ----------------------------------------------------------------------------
+
+
+def _unit(name: str) -> dict[str, list[str]]:
+    entries: dict[str, list[str]] = {}
+    for line in (DEPLOY / "systemd" / name).read_text(encoding="utf-8").splitlines():
+        if "=" in line and not line.startswith(("#", ";")):
+            key, _, value = line.partition("=")
+            entries.setdefault(key, []).append(value)
+    return entries
+
+
+def test_systemd_units_share_user_environment_and_install_path() -> None:
+    units = {name: _unit(name) for name in ("dsh-schedule-scheduler.service",
+                                           "dsh-schedule-worker@.service",
+                                           "dsh-schedule-host@.service")}
+    for name, unit in units.items():
+        assert unit["User"] == ["agent-host"], name
+        assert unit["EnvironmentFile"][0] == "/etc/dsh-schedule/env", name
+        assert unit["EnvironmentFile"][1].startswith("-/etc/dsh-schedule/"), name
+        assert unit["ExecStart"][0].startswith("/opt/dsh-schedule/venv/bin/dsh-schedule "), name
+        assert unit["Restart"] == ["always"] and unit["KillSignal"] == ["SIGTERM"], name
+        assert "WatchdogSec" not in unit, "the processes do not notify systemd"
+    host = units["dsh-schedule-host@.service"]
+    assert host["ExecStart"] == ["/opt/dsh-schedule/venv/bin/dsh-schedule host %i"]
+    (check,) = host["ExecStartPre"]
+    assert 'test -e "$${DSH_SCHEDULE_SESSIONS:-sessions}/%i.jsonl"' in check
+
+
+# -- Prometheus -------------------------------------------------------------------------
+
+
+def test_prometheus_scrapes_every_process_and_alerts_read_known_metrics() -> None:
+    config = read_yaml(DEPLOY / "prometheus" / "prometheus.yml")
+    port = int(_compose()["x-dsh-schedule"]["environment"]["DSH_SCHEDULE_METRICS_PORT"])
+    scraped = {}
+    for job in config["scrape_configs"]:
+        for sd in job["dns_sd_configs"]:
+            assert sd["type"] == "A" and sd["port"] == port, job["job_name"]
+            for name in sd["names"]:
+                scraped[name] = job["job_name"]
+    assert set(scraped) == {"scheduler", "worker", "host"}
+    assert len(set(scraped.values())) == 3
+    assert config["rule_files"] == ["alerts.yml"]
+
+    rules_file = read_yaml(DEPLOY / "prometheus" / "alerts.yml")
+    rules = [rule for group in rules_file["groups"] for rule in group["rules"]]
+    names = [rule["alert"] for rule in rules]
+    assert len(names) == len(set(names))
+    used: set[str] = set()
+    for rule in rules:
+        expr = rule["expr"]
+        metrics = set(re.findall(r"\bdsh_schedule_[a-z_]+", expr))
+        assert metrics, f"{rule['alert']} reads no dsh_schedule metric"
+        for metric in metrics:
+            base = metric.removesuffix("_bucket") if metric.endswith("_bucket") else metric
+            assert base in KNOWN_METRICS, f"{rule['alert']}: unknown metric {metric}"
+            assert metric == base or base in HISTOGRAMS, metric
+            used.add(base)
+        assert rule["labels"]["severity"] in ("page", "warning"), rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
+        assert re.fullmatch(r"[0-9]+[smh]", rule.get("for", "0s")), rule["alert"]
+        assert expr.count("(") == expr.count(")"), rule["alert"]
+    assert used == KNOWN_METRICS
+
+    def spaced(text: str) -> str:
+        return " ".join(re.sub(r"([(),])", r" \1 ", text).split())
+
+    by_expr = {spaced(rule["expr"]): rule for rule in rules}
+    expected = {
+        'time ( ) - max ( dsh_schedule_last_pass_timestamp_seconds{loop="mover"} ) > 60': None,
+        "histogram_quantile ( 0.99 , sum ( rate ( dsh_schedule_lateness_seconds_bucket[5m] "
+        ") ) by ( le , stage ) ) > 5": "5m",
+        "increase ( dsh_schedule_redis_errors_total[5m] ) > 0": None,
+        "deriv ( dsh_schedule_followups_pending[10m] ) > 0": "10m",
+    }
+    for expr, duration in expected.items():
+        assert expr in by_expr, expr
+        assert by_expr[expr].get("for") == duration, expr
+
+
+def test_prometheus_files_pass_promtool() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    for command in (["check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+                    ["check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")]):
+        result = subprocess.run([promtool, *command], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- the README -------------------------------------------------------------------------
+
+
+def test_readme_and_env_example_name_every_variable_the_code_reads() -> None:
+    readme = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    example = (DEPLOY / "env.example").read_text(encoding="utf-8")
+    source = "".join(
+        path.read_text(encoding="utf-8")
+        for folder in ("dsh_schedule", "shared", "worker", "scheduler")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "loadtest" not in path.parts
+    )
+    read = set(re.findall(r"\bDSH_SCHEDULE_[A-Z0-9_]*[A-Z0-9]\b", source))
+    read |= {"DSH_SCHEDULE_METRICS_PORT", "DSH_SCHEDULE_LOG_FORMAT", "DSH_SCHEDULE_LOG_LEVEL",
+             "DSH_SCHEDULE_HOST_SESSIONS"}
+    for var in sorted(read):
+        assert f"`{var}`" in readme, f"deploy/README.md does not describe {var}"
+        if var not in ("DSH_SCHEDULE_CRASH_AT",):
+            assert var in example, f"deploy/env.example does not list {var}"
