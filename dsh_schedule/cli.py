@@ -21,15 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from dsh_schedule.shared.clock import wall_clock_ms
-from dsh_schedule.shared.settings import Settings, SettingsError
+from dsh_schedule.shared.settings import LOG_LEVELS, LogSettings, Settings, SettingsError
 
 if TYPE_CHECKING:
     import redis
 
+EXIT_UNHEALTHY: Final = 1
 EXIT_BAD_INPUT: Final = 2
 EXIT_TOOL_ERROR: Final = 3
 ONE_SHOT_REDIS_WAIT_S: Final = 5.0
 REDIS_PROBE_TIMEOUT_S: Final = 1.0
+OPS_SOCKET_TIMEOUT_S: Final = 5.0
 
 
 class CommandError(Exception):
@@ -42,6 +44,27 @@ def _settings(args: argparse.Namespace) -> Settings:
         sessions=getattr(args, "sessions", None),
         queue=getattr(args, "queue", None),
         prefix=getattr(args, "prefix", None),
+        metrics_port=getattr(args, "metrics_port", None),
+        metrics_addr=getattr(args, "metrics_addr", None),
+    )
+
+
+def _serve_metrics(settings: Settings, command: str) -> None:
+    """Serve Prometheus metrics when a port is set (docs/architecture.md#operations);
+    CommandError when the port cannot be bound."""
+    if settings.metrics_port is None:
+        return
+    from dsh_schedule.shared import metrics
+
+    try:
+        server = metrics.serve(settings.metrics_port, settings.metrics_addr)
+    except OSError as exc:
+        raise CommandError(
+            f"{command}: cannot serve metrics on {settings.metrics_addr}:"
+            f"{settings.metrics_port} ({exc.strerror or exc})"
+        ) from None
+    logging.getLogger(__name__).info(
+        "%s: metrics at http://%s:%d/metrics", command, settings.metrics_addr, server.port
     )
 
 
@@ -303,6 +326,7 @@ def _stop_while_starting() -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     _stop_while_starting()
     settings = _settings(args)
+    _serve_metrics(settings, "worker")
     _await_redis(_require_redis(settings, "worker"), args.redis_wait, verbose=args.verbose)
     from dsh_schedule.worker.process import run_worker
 
@@ -312,6 +336,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     _stop_while_starting()
     settings = _settings(args)
+    _serve_metrics(settings, "scheduler")
     _await_redis(_require_redis(settings, "scheduler"), args.redis_wait, verbose=args.verbose)
     from dsh_schedule.scheduler.process import run_scheduler
 
@@ -337,6 +362,7 @@ def cmd_host(args: argparse.Namespace) -> int:
     _stop_while_starting()
     settings = _settings(args)
     url = _require_redis(settings, "host")
+    _serve_metrics(settings, "host")
     _await_redis(url, args.redis_wait, verbose=args.verbose)
     import threading
 
@@ -369,6 +395,73 @@ def cmd_host(args: argparse.Namespace) -> int:
     finally:
         host.close()
     return 0
+
+
+# -- operations -----------------------------------------------------------------------
+
+
+def _ops_client(args: argparse.Namespace, command: str) -> tuple[Settings, redis.Redis]:
+    """Settings and a client with bounded socket waits, once Redis answers."""
+    settings = _settings(args)
+    url = _require_redis(settings, command)
+    _await_redis(url, args.redis_wait, verbose=args.verbose)
+    import redis
+
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=OPS_SOCKET_TIMEOUT_S, socket_timeout=OPS_SOCKET_TIMEOUT_S
+    )
+    return settings, client
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import msgspec
+    import redis
+
+    from dsh_schedule import status
+
+    settings, client = _ops_client(args, "status")
+    try:
+        report = status.read_status(client, settings, now_ms=wall_clock_ms(),
+                                    next_count=args.next)
+    except redis.RedisError as exc:
+        raise CommandError(f"status: Redis failed while reading ({type(exc).__name__})") from None
+    finally:
+        client.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+    else:
+        print(status.render_status(report))
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when healthy, 1 (with one line saying why) when not, Redis unreachable
+    included; 2 only for input the command cannot use."""
+    import msgspec
+    import redis
+
+    from dsh_schedule import status
+    from dsh_schedule.shared.coordination.agents import Coordination
+
+    try:
+        settings, client = _ops_client(args, "health")
+    except CommandError as exc:
+        if "did not answer" not in str(exc):
+            raise
+        health = status.Health(ok=False, reason=str(exc))
+    else:
+        try:
+            health = status.check_health(Coordination(client, settings), now_ms=wall_clock_ms())
+        except redis.RedisError as exc:
+            health = status.Health(ok=False,
+                                   reason=f"Redis failed while checking ({type(exc).__name__})")
+        finally:
+            client.close()
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(health).decode() + "\n")
+    else:
+        print(f"{'ok' if health.ok else 'unhealthy'}: {health.reason}")
+    return 0 if health.ok else EXIT_UNHEALTHY
 
 
 # -- parser ---------------------------------------------------------------------------
@@ -410,9 +503,44 @@ def _verbose(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
                         default=False if top else argparse.SUPPRESS)
 
 
+def _level_arg(text: str) -> str:
+    name = text.strip().upper()
+    name = "WARNING" if name == "WARN" else name
+    if name not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level (one of {', '.join(LOG_LEVELS)})"
+        )
+    return name
+
+
+def _logging_flags(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``, ``--log-level`` and ``--rq-log-level`` (over the
+    ``DSH_SCHEDULE_LOG_*`` variables; docs/architecture.md#operations)."""
+    parser.add_argument("--log-format", choices=["text", "json"],
+                        help="log lines as text or as one JSON object each "
+                        "(default: DSH_SCHEDULE_LOG_FORMAT, else text)")
+    parser.add_argument("--log-level", type=_level_arg, metavar="LEVEL",
+                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL "
+                        "(default: DSH_SCHEDULE_LOG_LEVEL, else INFO; -v is DEBUG)")
+    parser.add_argument("--rq-log-level", type=_level_arg, metavar="LEVEL",
+                        help="the level of rq's own lines, e.g. WARNING to drop its lines "
+                        "per job (default: DSH_SCHEDULE_RQ_LOG_LEVEL, else --log-level)")
+
+
+def _metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at /metrics on this port "
+                        "(default: DSH_SCHEDULE_METRICS_PORT, else off)")
+    parser.add_argument("--metrics-addr", metavar="ADDR",
+                        help="the address the metrics endpoint binds "
+                        "(default: DSH_SCHEDULE_METRICS_ADDR, else 0.0.0.0)")
+
+
 def _common(parser: argparse.ArgumentParser, *, redis: bool = True,
             redis_wait_s: float | None = None) -> None:
     _verbose(parser)
+    if redis:
+        _logging_flags(parser)
     parser.add_argument("--sessions", type=Path, help="session log directory")
     if redis:
         parser.add_argument("--redis", help="Redis URL (default: DSH_SCHEDULE_REDIS_URL)")
@@ -493,10 +621,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="serve wakes (rq SimpleWorker)")
     _common(p)
+    _metrics_flags(p)
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     p.set_defaults(func=cmd_worker)
     p = sub.add_parser("scheduler", help="move due wakes; rebuild and reconcile")
     _common(p)
+    _metrics_flags(p)
     p.set_defaults(func=cmd_scheduler)
     p = sub.add_parser("rebuild", help="one rebuild pass")
     _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
@@ -508,6 +638,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=helptext)
         _verbose(p)
+        _logging_flags(p)
         if name == command:
             module = importlib.import_module(_ELSEWHERE[name])
             module.add_arguments(p)
@@ -515,19 +646,47 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("host", help="run the reference host for sessions")
     _common(p)
+    _metrics_flags(p)
     p.add_argument("sessions_to_host", nargs="+", metavar="SESSION")
     p.set_defaults(func=cmd_host)
+
+    p = sub.add_parser("status", help="live agents, wakes, followups, workers and the "
+                       "scheduler heartbeat")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--next", type=int, default=5, metavar="N",
+                   help="how many of the next scheduled wakes to show (default: 5)")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("health", help="exit 0 when the scheduler heartbeat is fresh and "
+                       "every queue with live agents has a worker, else 1 saying why")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.add_argument("--json", action="store_true", help='{"ok":…,"reason":…}')
+    p.set_defaults(func=cmd_health)
     return parser
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Flags over ``-v`` over the ``DSH_SCHEDULE_LOG_*`` variables; SettingsError for a
+    variable that names no format or level."""
+    from dsh_schedule.shared.logging_setup import configure
+
+    level_flag = getattr(args, "log_level", None)
+    options = LogSettings.from_env(
+        format=getattr(args, "log_format", None),
+        level=level_flag,
+        rq_level=getattr(args, "rq_log_level", None),
+    )
+    configure(options, level="DEBUG" if args.verbose and level_flag is None else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        _configure_logging(args)
+    except SettingsError as exc:
+        print(f"dsh-schedule: bad setting: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
 
     try:

@@ -5,6 +5,12 @@ own signal handlers). Rebuild enqueues a wake for every live agent; the periodic
 pass enqueues wakes only for the agents whose projection in Redis is missing or stale,
 plus a slice of a slow full sweep. All deciding happens inside the wake, under the lock,
 after a preflight — so a Redis flush loses nothing.
+
+The loop also leaves what an operator reads (docs/architecture.md#operations): a heartbeat
+key refreshed after its passes, the summary of its last rebuild or reconcile, and, when
+metrics are on, the gauges of live agents, scheduled wakes and pending followups (set by
+each reconcile pass from what it reads anyway, plus one ZCARD and one XLEN per non-empty
+followup stream) and the time of each loop's last pass.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from typing import Final
 import msgspec
 import redis
 
+from dsh_schedule import status
+from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
@@ -109,6 +117,15 @@ class Reconciler:
         self._seen = set(report.woken)
         self._sweep_owed = 0.0
         self._last_pass_ms = now_ms
+        recorder = metrics.get()
+        if recorder.enabled:
+            recorder.live_agents(len(report.woken))
+            keys = self._coord.keys
+            recorder.scheduled_wakes(int(self._coord.client.zcard(keys.scheduled_jobs())))
+        status.write_reconcile(self._coord.client, self._coord.keys, status.ReconcileSummary(
+            at=now_ms, kind="rebuild", live=len(report.woken), woken=len(report.woken),
+            retired=len(report.retired),
+        ))
         return report
 
     def reconcile(self, *, now_ms: int) -> ReconcileReport:
@@ -122,6 +139,7 @@ class Reconciler:
         new: list[str] = []
         stale_wakes: list[str] = []
         stale_followups: list[str] = []
+        with_followups: list[str] = []
         for start in range(0, len(live), CHECK_BATCH):
             batch = live[start : start + CHECK_BATCH]
             for agent, found in zip(batch, coord.projections(batch), strict=True):
@@ -129,9 +147,10 @@ class Reconciler:
                     new.append(agent)
                 if found.wake is not None and not found.wake_held:
                     stale_wakes.append(agent)
-                if (found.oldest_followup_ms is not None
-                        and server_ms - found.oldest_followup_ms >= stale_after_ms):
-                    stale_followups.append(agent)
+                if found.oldest_followup_ms is not None:
+                    with_followups.append(agent)
+                    if server_ms - found.oldest_followup_ms >= stale_after_ms:
+                        stale_followups.append(agent)
         swept = self._sweep(live, now_ms)
         woken = list(dict.fromkeys([*new, *stale_wakes, *stale_followups, *swept]))
         coord.trigger_many(woken)
@@ -141,6 +160,7 @@ class Reconciler:
             stale_wakes=tuple(stale_wakes), stale_followups=tuple(stale_followups),
             swept=tuple(swept),
         )
+        self._record(report, with_followups, now_ms)
         repaired = len(new) + len(stale_wakes) + len(stale_followups)
         (log.info if repaired else log.debug)(
             "reconcile: %d live, %d new, %d stale wake(s), %d stale followup stream(s), "
@@ -148,6 +168,29 @@ class Reconciler:
             len(stale_followups), len(swept), len(retired),
         )
         return report
+
+    def _record(self, report: ReconcileReport, with_followups: Sequence[str],
+                now_ms: int) -> None:
+        """Leave the pass's summary for ``status``; set the gauges when metrics are on."""
+        coord = self._coord
+        status.write_reconcile(coord.client, coord.keys, status.ReconcileSummary(
+            at=now_ms, kind="reconcile", live=report.checked, woken=len(report.woken),
+            retired=len(report.retired), new=len(report.new),
+            stale_wakes=len(report.stale_wakes), stale_followups=len(report.stale_followups),
+            swept=len(report.swept),
+        ))
+        recorder = metrics.get()
+        if not recorder.enabled:
+            return
+        recorder.live_agents(report.checked)
+        recorder.scheduled_wakes(int(coord.client.zcard(coord.keys.scheduled_jobs())))
+        pending = 0
+        for start in range(0, len(with_followups), CHECK_BATCH):
+            with coord.client.pipeline(transaction=False) as pipe:
+                for agent in with_followups[start : start + CHECK_BATCH]:
+                    pipe.xlen(coord.keys.followups(agent))
+                pending += sum(int(n) for n in pipe.execute())
+        recorder.followups_pending(pending)
 
     def _sweep(self, live: Sequence[str], now_ms: int) -> list[str]:
         """The next slice of the full sweep: the live agents (sorted) after the cursor, as
@@ -185,6 +228,7 @@ class SchedulerLoop:
         self._outage = Outage(log, "scheduler")
         self._reconciler = Reconciler(coord, settings)
         self._rebuild_next = True
+        self._next_beat = 0.0  # monotonic time of the next heartbeat refresh
         self.stop = threading.Event()
 
     def run(self) -> int:
@@ -195,6 +239,7 @@ class SchedulerLoop:
                     self._reconcile()
                     next_reconcile = time.monotonic() + self._settings.reconcile_interval_s
                 self._move()
+                self._beat()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self.stop.wait(self._outage.failed(exc))
                 continue
@@ -221,6 +266,16 @@ class SchedulerLoop:
             return interval
         return max(MIN_PAUSE_S, min(interval, (next_due - wall_clock_ms()) / 1000))
 
+    def _beat(self) -> None:
+        """Refresh the scheduler heartbeat, at most every ``HEARTBEAT_EVERY_S``."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        every_s = max(status.HEARTBEAT_EVERY_S, self._settings.mover_interval_s)
+        status.write_heartbeat(self._coord.client, self._coord.keys, every_s=every_s,
+                               now_ms=wall_clock_ms())
+        self._next_beat = now + status.HEARTBEAT_EVERY_S
+
     def _reconcile(self) -> None:
         now_ms = wall_clock_ms()
         if self._rebuild_next:
@@ -229,6 +284,7 @@ class SchedulerLoop:
             log.debug("rebuild woke %d live agent(s)", len(report.woken))
         else:
             self._reconciler.reconcile(now_ms=now_ms)
+        metrics.get().pass_done("reconcile", time.time())
 
     def _move(self) -> None:
         scheduler = self._coord.wakes.scheduler
@@ -237,6 +293,7 @@ class SchedulerLoop:
                 self._coord.wakes.move_due()
             finally:
                 scheduler.remove_lock()
+        metrics.get().pass_done("mover", time.time())
 
     def install_signal_handlers(self) -> None:
         def stop(signum: int, frame: FrameType | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -34,6 +34,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     cache_mb: int = 256
     sweep_period_s: float = 600.0
     followup_stale_s: float = 30.0
+    # Prometheus metrics of the worker, scheduler and host processes: off unless a port is
+    # set (docs/architecture.md#operations).
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
 
     def __post_init__(self) -> None:
         if self.sweep_period_s > MAX_SWEEP_PERIOD_S:
@@ -62,6 +66,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "DSH_SCHEDULE_CACHE_MB": "cache_mb",
             "DSH_SCHEDULE_SWEEP_PERIOD": "sweep_period_s",
             "DSH_SCHEDULE_FOLLOWUP_STALE": "followup_stale_s",
+            "DSH_SCHEDULE_METRICS_PORT": "metrics_port",
+            "DSH_SCHEDULE_METRICS_ADDR": "metrics_addr",
         }
         for var, field in names.items():
             if env.get(var):
@@ -81,6 +87,11 @@ class SettingsError(ValueError):
 
 
 def _typed(field: str, value: object) -> object:
+    if field == "metrics_port":
+        text = str(value).strip()
+        if not (text.isdigit() and 1 <= int(text) <= 65535):
+            raise ValueError(f"metrics_port must be a TCP port from 1 to 65535, got {value!r}")
+        return int(text)
     if field == "cache_mb":
         text = str(value).strip()
         if not text.isdigit():
@@ -95,3 +106,58 @@ def _typed(field: str, value: object) -> object:
             raise ValueError(f"{field} must be a positive number of seconds, got {value!r}")
         return number
     return value
+
+
+LOG_FORMATS: Final = ("text", "json")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How a command logs (docs/architecture.md#operations): the line format, the level
+    of our own loggers, and the level of rq's and rq-scheduler's loggers (None: the same
+    level). Read apart from ``Settings`` so that a command which needs no other setting
+    is not stopped by an unrelated malformed variable."""
+
+    format: str = "text"
+    level: str = "INFO"
+    rq_level: str | None = None
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, **overrides: str | None
+    ) -> LogSettings:
+        """Defaults, then ``DSH_SCHEDULE_LOG_FORMAT``, ``DSH_SCHEDULE_LOG_LEVEL`` and
+        ``DSH_SCHEDULE_RQ_LOG_LEVEL``, then explicit non-None overrides; SettingsError
+        for an unknown format or level."""
+        env = os.environ if env is None else env
+        values: dict[str, str] = {}
+        names = {
+            "DSH_SCHEDULE_LOG_FORMAT": "format",
+            "DSH_SCHEDULE_LOG_LEVEL": "level",
+            "DSH_SCHEDULE_RQ_LOG_LEVEL": "rq_level",
+        }
+        for var, field in names.items():
+            if env.get(var):
+                values[field] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        fmt = values.get("format", "text").strip().lower()
+        if fmt not in LOG_FORMATS:
+            raise SettingsError(
+                f"log format must be one of {', '.join(LOG_FORMATS)}, got {values['format']!r}"
+            )
+        level = _level(values.get("level", "INFO"), "log level")
+        rq_level = values.get("rq_level")
+        return cls(
+            format=fmt,
+            level=level,
+            rq_level=None if rq_level is None else _level(rq_level, "rq log level"),
+        )
+
+
+def _level(value: str, what: str) -> str:
+    name = value.strip().upper()
+    if name == "WARN":
+        name = "WARNING"
+    if name not in LOG_LEVELS:
+        raise SettingsError(f"{what} must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return name

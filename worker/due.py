@@ -20,12 +20,13 @@ from typing import Final
 
 import redis
 
+from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.dispatch import plan_dispatch
-from dsh_schedule.shared.core.due import Wait, due_decision
+from dsh_schedule.shared.core.due import DispatchOne, Wait, due_decision
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState
@@ -33,6 +34,7 @@ from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.core.ledger import LedgerCache
 from dsh_schedule.shared.core.records import encode_change
 from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
+from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.reproject import reproject
@@ -101,13 +103,25 @@ class DueOwner:
         self._ledgers = LedgerCache()
 
     def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
-        """Handle one wake: stale and duplicate wakes find nothing due and return."""
-        try:
-            return self._wake(agent, target_ms)
-        except redis.RedisError as exc:
-            # The records stay active; a new lease or the reconcile pass wakes the agent.
-            log.warning("wake for %s: Redis unavailable (%s)", agent, type(exc).__name__)
-            return WakeOutcome.REDIS_UNAVAILABLE
+        """Handle one wake: stale and duplicate wakes find nothing due and return.
+
+        Lines logged meanwhile carry the agent; the wake's outcome and duration are
+        recorded in the metrics (docs/architecture.md#operations)."""
+        recorder = metrics.get()
+        started = time.perf_counter()
+        outcome = WakeOutcome.FAILED
+        with log_context(agent=agent):
+            try:
+                outcome = self._wake(agent, target_ms)
+            except redis.RedisError as exc:
+                # The records stay active; a new lease or the reconcile pass wakes the agent.
+                recorder.redis_error()
+                log.warning("wake for %s: Redis unavailable (%s)", agent, type(exc).__name__)
+                outcome = WakeOutcome.REDIS_UNAVAILABLE
+            finally:
+                recorder.due_transaction(time.perf_counter() - started)
+                recorder.wake(outcome.value)
+        return outcome
 
     def _wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
         if not self._coord.leases.is_live(agent, now_ms=self._clock()):
@@ -149,14 +163,21 @@ class DueOwner:
         lock after its own preflight, exactly as ``wake``; the liveness checks and the
         final re-arms go to Redis together, and every lock is held until its agent is
         armed."""
+        recorder = metrics.get()
         try:
-            return self._wake_batch(agents)
+            outcomes = self._wake_batch(agents, recorder)
         except redis.RedisError as exc:
+            recorder.redis_error()
             log.warning("wake batch of %d: Redis unavailable (%s)", len(agents),
                         type(exc).__name__)
-            return dict.fromkeys(agents, WakeOutcome.REDIS_UNAVAILABLE)
+            outcomes = dict.fromkeys(agents, WakeOutcome.REDIS_UNAVAILABLE)
+        for outcome in outcomes.values():
+            recorder.wake(outcome.value)
+        return outcomes
 
-    def _wake_batch(self, agents: Sequence[str]) -> dict[str, WakeOutcome]:
+    def _wake_batch(
+        self, agents: Sequence[str], recorder: metrics.Metrics
+    ) -> dict[str, WakeOutcome]:
         live = set(self._coord.leases.live_among(agents, now_ms=self._clock()))
         outcomes = {agent: WakeOutcome.NOT_LIVE for agent in agents if agent not in live}
         settled: list[tuple[str, FoldState]] = []
@@ -164,22 +185,27 @@ class DueOwner:
             for agent in agents:
                 if agent not in live:
                     continue
-                try:
-                    held.enter_context(
-                        self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s)
-                    )
-                except LockUnavailable:
-                    log.debug("wake for %s: lock busy, the holder re-arms", agent)
-                    outcomes[agent] = WakeOutcome.LOCK_BUSY
-                    continue
-                try:
-                    state = self._rounds(agent)
-                except redis.RedisError:
-                    raise  # every other agent of the batch needs Redis too
-                except Exception:
-                    # One agent's failure spares the rest of the batch.
-                    log.exception("wake for %s failed", agent)
-                    state = WakeOutcome.FAILED
+                started = time.perf_counter()
+                with log_context(agent=agent):
+                    try:
+                        held.enter_context(
+                            self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s)
+                        )
+                    except LockUnavailable:
+                        log.debug("wake for %s: lock busy, the holder re-arms", agent)
+                        outcomes[agent] = WakeOutcome.LOCK_BUSY
+                        continue
+                    try:
+                        state = self._rounds(agent)
+                    except redis.RedisError:
+                        raise  # every other agent of the batch needs Redis too
+                    except Exception:
+                        # One agent's failure spares the rest of the batch.
+                        log.exception("wake for %s failed", agent)
+                        state = WakeOutcome.FAILED
+                    finally:
+                        # Its share of the batch: its lock and rounds (the re-arm is shared).
+                        recorder.due_transaction(time.perf_counter() - started)
                 if isinstance(state, WakeOutcome):
                     outcomes[agent] = state
                 else:
@@ -228,6 +254,7 @@ class DueOwner:
             log.error("cannot re-project followups for %s: %s", agent, exc)
             return WakeOutcome.CORRUPT_LOG
         if added:
+            metrics.get().delivery("reprojected", added)
             log.info("re-projected %d lost followup(s) for %s", added, agent)
         return None
 
@@ -273,20 +300,30 @@ class DueOwner:
         except FramingError:
             log.exception("framing failed for %s; nothing written", agent)
             return WakeOutcome.DISPATCH_ABANDONED
-        crash_point("before-followup")
-        self._coord.followups.add(agent, plan.text, plan.pairs)
-        crash_point("after-followup")
-        events = [
-            NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c)) for c in plan.changes
-        ]
-        try:
-            # FenceConflict propagates: retry_fenced re-decides.
-            self._store.append(agent, events, expected_seq=len(session.events))
-        except (PersistenceError, ScheduleLogError) as exc:
-            # The followup may already be read; with no dispatch the host drops it.
-            log.error("dispatch append for %s abandoned: %s", agent, exc)
-            return WakeOutcome.DISPATCH_ABANDONED
-        crash_point("after-append")
+        with log_context(schedule_id=",".join(pair.scheduleId for pair in plan.pairs)):
+            crash_point("before-followup")
+            self._coord.followups.add(agent, plan.text, plan.pairs)
+            written_ms = self._clock()
+            crash_point("after-followup")
+            events = [
+                NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c))
+                for c in plan.changes
+            ]
+            try:
+                # FenceConflict propagates: retry_fenced re-decides.
+                self._store.append(agent, events, expected_seq=len(session.events))
+            except (PersistenceError, ScheduleLogError) as exc:
+                # The followup may already be read; with no dispatch the host drops it.
+                log.error("dispatch append for %s abandoned: %s", agent, exc)
+                return WakeOutcome.DISPATCH_ABANDONED
+            crash_point("after-append")
+            recorder = metrics.get()
+            if recorder.enabled:
+                kind = "one-shot" if isinstance(decision, DispatchOne) else "batch"
+                occurrences = [pair.occurrenceAt for pair in plan.pairs]
+                recorder.dispatched(kind, metrics.lateness_s(written_ms, occurrences))
+            log.info("dispatched %s for %s",
+                     ", ".join(pair.scheduleId for pair in plan.pairs), agent)
         return None
 
     def _barrier(self, agent: str) -> WakeOutcome | None:

@@ -8,6 +8,9 @@ The due owner that performs them comes from the worker that runs the job: our ``
 process and the embedded system run jobs under ``serving(owner)``. A stock rq worker
 started on our queue, with the ``DSH_SCHEDULE_*`` settings in its environment, gets an
 owner built from those settings and the job's own Redis connection, once per process.
+
+Every line logged while a job runs carries its rq job id as ``wake_id``
+(docs/architecture.md#operations).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from rq import get_current_job
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.wake import DueWakes, decode_batch
+from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.worker.due import DueOwner, WakeOutcome
@@ -67,13 +71,25 @@ def _owner() -> DueOwner:
     return _built[key]
 
 
+def _job_id() -> str | None:
+    """The id of the rq job running now (None outside a job); reads no Redis."""
+    job = get_current_job()
+    return None if job is None else str(job.id)
+
+
 def wake(agent: str, target_ms: int | None) -> str:
     """One wake; returns its outcome's name (rq keeps no result: ``result_ttl=0``)."""
-    return _owner().wake(agent, target_ms).value
+    with log_context(wake_id=_job_id(), agent=agent):
+        return _owner().wake(agent, target_ms).value
 
 
 def wake_batch(payload: Any) -> dict[str, str]:
     """A batch of wakes, in order; one wake's failure spares the rest."""
+    with log_context(wake_id=_job_id()):
+        return _wake_batch(payload)
+
+
+def _wake_batch(payload: Any) -> dict[str, str]:
     try:
         batch = decode_batch(payload)
     except msgspec.ValidationError as exc:
@@ -88,7 +104,8 @@ def wake_batch(payload: Any) -> dict[str, str]:
         try:
             outcome = owner.wake(item.agent, item.target_ms)
         except Exception:
-            log.exception("wake for %s failed", item.agent)
+            with log_context(agent=item.agent):
+                log.exception("wake for %s failed", item.agent)
             outcome = WakeOutcome.FAILED
         results[item.agent] = outcome.value
     return results

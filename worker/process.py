@@ -18,6 +18,7 @@ import redis
 from rq import Queue, SimpleWorker
 
 from dsh_schedule.shared.coordination.outage import Outage
+from dsh_schedule.shared.logging_setup import log_context, rq_level_name
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.worker.due import DueOwner
 from dsh_schedule.worker.job import build_owner, serving
@@ -34,10 +35,15 @@ class ScheduleWorker(SimpleWorker):
     # rq retries a lost connection while it waits for a job, doubling its pause up to this
     # cap: keep it short, so the worker is back soon after Redis is.
     max_connection_wait_time = 2.0
+    # rq's worker key expires this + 60 s after the last heartbeat, and an idle worker
+    # beats every this - 15 s: a killed worker leaves rq's registry (which ``status`` and
+    # ``health`` read) within 90 s, not rq's default 480 s.
+    WORKER_TTL_S = 30
 
     def __init__(
         self, *args: Any, owner: DueOwner, outage: Outage | None = None, **kwargs: Any
     ) -> None:
+        kwargs.setdefault("worker_ttl", self.WORKER_TTL_S)
         super().__init__(*args, **kwargs)
         self.owner = owner
         self.outage = outage
@@ -49,7 +55,8 @@ class ScheduleWorker(SimpleWorker):
         return result
 
     def execute_job(self, job: Any, queue: Any) -> None:
-        with serving(self.owner):
+        # rq's own lines about the job carry its id too.
+        with serving(self.owner), log_context(wake_id=str(job.id)):
             super().execute_job(job, queue)
 
     def request_stop(self, signum: Any, frame: Any) -> None:
@@ -84,7 +91,7 @@ def run_worker(settings: Settings, *, burst: bool = False) -> int:
     stopped = threading.Event()
     logging.getLogger("rq.worker").addFilter(_OutageNoise(outage))
     log.info("worker serving queue %s, sessions in %s", settings.queue, settings.sessions)
-    level = logging.getLevelName(logging.getLogger().level)
+    level = rq_level_name()  # rq would otherwise reset its loggers' level to INFO
     while not stopped.is_set():
         worker = ScheduleWorker(
             [Queue(settings.queue, connection=client)], connection=client, owner=owner,

@@ -17,6 +17,10 @@ announcement the bridge never sees (it was trimmed, the host holding it died, Re
 it) leaves its entry in the agent's stream; once that entry is older than
 ``followup_stale_s`` the scheduler's reconcile pass wakes the agent, and its re-arm
 announces it again.
+
+When metrics are on, each gate decision counts as delivered or dropped, and a delivered
+message's lateness (its append minus its earliest occurrence) is observed at the stage
+``session`` (docs/architecture.md#operations).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from contextlib import contextmanager
 import msgspec
 import redis
 
+from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START, FollowupEntry, Pair
@@ -39,6 +44,7 @@ from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
 from dsh_schedule.shared.core.ledger import LedgerCache, reminder_source
 from dsh_schedule.shared.fencing import retry_fenced
+from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -244,6 +250,7 @@ class HostBridge:
                 renewed = self._coord.phase.renew(agent, "turn", token, settings.turn_ttl_s)
             except redis.RedisError as exc:
                 # Keep beating: the turn goes on, and Redis may be back before the TTL.
+                metrics.get().redis_error()
                 log.warning("turn phase of %s not renewed (%s)", agent, type(exc).__name__)
                 continue
             if not renewed:
@@ -297,8 +304,22 @@ class HostBridge:
                     return delivery
 
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
-        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
-            return retry_fenced(f"delivery for {agent}", lambda _n: self._deliver(agent, entry))
+        schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
+        with log_context(agent=agent, schedule_id=schedule_ids), \
+                self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+            delivery = retry_fenced(
+                f"delivery for {agent}", lambda _n: self._deliver(agent, entry)
+            )
+        recorder = metrics.get()
+        if recorder.enabled:
+            if delivery is None:
+                recorder.delivery("dropped")
+            else:
+                recorder.delivery("delivered")
+                occurrences = [pair.occurrenceAt for pair in entry.pairs]
+                appended_ms = delivery.events[-1].time if delivery.events else self._clock()
+                recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
+        return delivery
 
     def _deliver(self, agent: str, entry: FollowupEntry) -> Delivery | None:
         """Append the entry as the user/message of a new turn if the log says it is due
@@ -327,6 +348,7 @@ class HostBridge:
             # The message is appended: the turn must run. The next preflight confirms
             # its durability.
             log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
+        log.info("delivered followup %s for %s", entry.entry_id, agent)
         return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)
 
 

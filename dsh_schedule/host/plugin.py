@@ -9,17 +9,23 @@ is a composition error, not a tool error later.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
+import redis
+
+from dsh_schedule import status
 from dsh_schedule.host.bridge import HostBridge
 from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
 from dsh_schedule.shared.core.errors import ScheduleError
 from dsh_schedule.shared.core.views import ToolResult
+from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -77,6 +83,8 @@ class SchedulePlugin:
         if settings is None:
             raise CompositionError("the Schedule plugin needs its settings")
         self.settings = settings
+        self._coord = coordination
+        self._clock = clock
         self.tools = ScheduleTools(store, coordination, settings, clock)
         self.bridge = HostBridge(
             store, coordination, settings, clock=clock, consumer=consumer
@@ -95,14 +103,30 @@ class SchedulePlugin:
             handler = partial(self.tools.call, agent.agent_id, definition.name)
             agent.register_tool(definition, handler)
         self.installed.append(agent.agent_id)
-        self.bridge.install(agent.agent_id)
-        log.info("installed Schedule on %s", agent.agent_id)
+        with log_context(agent=agent.agent_id):
+            self.bridge.install(agent.agent_id)
+            log.info("installed Schedule on %s", agent.agent_id)
 
     def renew_leases(self) -> list[str]:
         """Renew every installed agent's lease in one batched grant (one round trip per
         few thousand agents); returns the agents whose lease was new, which are woken
         together and looked at again by ``bridge.ready``."""
-        return self.bridge.renew(self.installed)
+        renewed = self.bridge.renew(self.installed)
+        metrics.get().pass_done("lease_renewal", time.time())
+        return renewed
+
+    def health(self) -> status.Health:
+        """Whether reminders can fire for this host's agents now: ``ok`` when the scheduler
+        heartbeat is fresh and an rq worker serves this host's queue, with one ``reason``
+        line either way, to tell users when reminders cannot fire
+        (docs/architecture.md#operations). A few Redis reads; never raises for Redis."""
+        try:
+            return status.check_health(
+                self._coord, now_ms=self._clock(), queues=[self.settings.queue]
+            )
+        except redis.RedisError as exc:
+            metrics.get().redis_error()
+            return status.Health(ok=False, reason=f"Redis unavailable ({type(exc).__name__})")
 
     def dispose(self) -> None:
         """Stop listening and forget every installed agent in Redis; logs are untouched."""

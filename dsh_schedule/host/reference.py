@@ -35,6 +35,7 @@ from dsh_schedule.shared.core.events import (
 )
 from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.fencing import retry_fenced
+from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -188,7 +189,8 @@ class ReferenceHost:
         delivered: list[tuple[str, Delivery]] = []
         for index, session_id in enumerate(agents):
             try:
-                delivered.extend((session_id, d) for d in self._serve_one(session_id))
+                with log_context(agent=session_id):
+                    delivered.extend((session_id, d) for d in self._serve_one(session_id))
             except (redis.ConnectionError, redis.TimeoutError):
                 bridge.later(agents[index:], 0.0)
                 raise

@@ -3,16 +3,21 @@
 Shape checks run before the queue. Then, holding the per-agent lock: preflight flush,
 fold, one ``now`` sample, a fenced append, the barrier flush, and the owner's recompute.
 A fence conflict re-reads, re-folds and re-decides; it is not an error.
+
+Every call is counted and timed by tool and answer code when metrics are on, and lines it
+logs carry the agent and, once known, the schedule id (docs/architecture.md#operations).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
 import redis
 
+from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
@@ -36,6 +41,7 @@ from dsh_schedule.shared.core.views import (
     schedule_view,
 )
 from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
+from dsh_schedule.shared.logging_setup import add_log_context, log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -83,6 +89,16 @@ class ScheduleTools:
 
     def call(self, agent: str, tool: str, args: Any) -> ToolResult:
         """Run one tool call; every failure becomes a closed-code error value."""
+        recorder = metrics.get()
+        started = time.perf_counter() if recorder.enabled else 0.0
+        with log_context(agent=agent):
+            result = self._call(agent, tool, args)
+        if recorder.enabled:
+            code = result.value.get("code") if result.is_error else "ok"
+            recorder.tool_call(tool, str(code), time.perf_counter() - started)
+        return result
+
+    def _call(self, agent: str, tool: str, args: Any) -> ToolResult:
         operation = tool.removeprefix("schedule_")
         if self._closed:
             return error_result(ToolError("internal_error", CLOSED_MESSAGE))
@@ -108,6 +124,7 @@ class ScheduleTools:
             log.warning("%s for %s: the agent's lock was busy", tool, agent)
             return error_result(ToolError("internal_error"))
         except redis.RedisError as exc:
+            metrics.get().redis_error()
             log.warning("%s for %s: Redis unavailable (%s)", tool, agent, type(exc).__name__)
             return error_result(ToolError("internal_error"))
         except FenceRetriesExhausted as exc:
@@ -130,6 +147,7 @@ class ScheduleTools:
                 return implicit_zone(derive_zone_context(session))
 
             change = build_create(request, state, now, zone)
+            add_log_context(schedule_id=change.schedule.id)
             state = self._append(agent, session, state, change, now)
             self._barrier(agent, change.schedule.id)
             owner.confirmed(state)
@@ -148,6 +166,7 @@ class ScheduleTools:
 
     def _delete(self, agent: str, args: Any) -> ToolResult:
         schedule_id = parse_delete_args(args)
+        add_log_context(schedule_id=schedule_id)
 
         def attempt(owner: _Recompute) -> ToolResult:
             session, state = self._preflight(agent, owner)
@@ -185,6 +204,7 @@ class ScheduleTools:
         try:
             self._coord.rearm(agent, owner.state, self._clock())
         except redis.RedisError as exc:
+            metrics.get().redis_error()
             log.warning("re-arm for %s failed (%s); a new lease or the reconcile pass "
                         "re-arms it", agent, type(exc).__name__)
         except Exception:

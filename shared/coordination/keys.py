@@ -56,3 +56,14 @@ class Keys:
 
     def scheduler(self) -> str:
         return f"{self.prefix}rq-scheduler"
+
+    def scheduler_heartbeat(self) -> str:
+        """STRING with a TTL: the last scheduler pass (JSON: when, by which host and
+        process, how often passes come); refreshed by every scheduler loop, at most about
+        once a second. Its age is the TTL it was written with minus the PTTL left, so
+        reading it needs no clock but Redis's (docs/architecture.md#operations)."""
+        return f"{self.prefix}scheduler:heartbeat"
+
+    def scheduler_reconcile(self) -> str:
+        """STRING with a TTL: a summary of the last rebuild or reconcile pass (JSON)."""
+        return f"{self.prefix}scheduler:last-reconcile"

@@ -2,7 +2,8 @@
 
 Every long-running process (worker, scheduler, host bridge, reference host) keeps running
 through an outage. It tells the operator once when Redis goes away and once when it is
-back, never a traceback per retry (docs/architecture.md#outages).
+back, never a traceback per retry (docs/architecture.md#outages). Every failed attempt
+counts in ``dsh_schedule_redis_errors_total`` (docs/architecture.md#operations).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Final
 
 import redis
 
+from dsh_schedule.shared import metrics
 from dsh_schedule.shared.core.errors import ScheduleError
 
 FIRST_DELAY_S: Final = 0.1
@@ -43,6 +45,7 @@ class Outage:
 
     def failed(self, exc: BaseException) -> float:
         """Record a failed attempt; the delay before the next one (capped, doubling)."""
+        metrics.get().redis_error()
         if self._down_since is None:
             self._down_since = time.monotonic()
             self._delay = FIRST_DELAY_S

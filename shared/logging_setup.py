@@ -1,0 +1,131 @@
+"""Log lines as text or JSON, with the agent, schedule and wake they concern
+(docs/architecture.md#operations).
+
+``configure`` installs one handler on the root logger, so our loggers and rq's and
+rq-scheduler's all go through the same formatter; rq's loggers get their own level
+(``LogSettings.rq_level``), so their per-job lines can be quieted without quieting ours.
+
+``log_context(agent=…, wake_id=…)`` names what the code in its block works on;
+``add_log_context(schedule_id=…)`` adds to it once known. The names live in a context
+variable (per thread), and every line logged meanwhile carries them: as JSON keys, or as a
+``[agent=… wake_id=…]`` suffix of a text line. The due transaction binds ``agent`` and the
+rq job id as ``wake_id``, the tool calls ``agent`` (and ``schedule_id`` once decided), the
+host bridge ``agent`` while it delivers.
+
+Imports no Redis or rq: the CLI configures logging for every command.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Final, TextIO
+
+from dsh_schedule.shared.settings import LogSettings
+
+CONTEXT_FIELDS: Final = ("agent", "schedule_id", "wake_id")
+RQ_LOGGERS: Final = ("rq", "rq.worker", "rq.job", "rq.queue", "rq_scheduler")
+TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_EMPTY: Final[Mapping[str, str]] = {}
+_context: ContextVar[Mapping[str, str]] = ContextVar("dsh_schedule_log_context", default=_EMPTY)
+
+
+@contextmanager
+def log_context(**fields: str | None) -> Iterator[None]:
+    """Lines logged in this block (in this thread) carry ``fields`` (None values are left
+    out), besides what an enclosing block set."""
+    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def add_log_context(**fields: str | None) -> None:
+    """Add ``fields`` to the innermost ``log_context`` block, until it ends."""
+    _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
+
+
+def current_log_context() -> Mapping[str, str]:
+    return _context.get()
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (UTC, to the millisecond), ``level``,
+    ``logger``, ``message``, then ``agent``, ``schedule_id`` and ``wake_id`` where known,
+    and ``exception`` (the traceback text) when the line carries one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = datetime.fromtimestamp(record.created, UTC)
+        line: dict[str, object] = {
+            "time": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(_fields(record))
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain line, with `` [agent=… schedule_id=… wake_id=…]`` where known."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        text = super().formatMessage(record)
+        fields = _fields(record)
+        if not fields:
+            return text
+        return text + " [" + " ".join(f"{k}={v}" for k, v in fields.items()) + "]"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, str]:
+    """The context of a line: what its block bound, or what it was given as ``extra``."""
+    context = _context.get()
+    found: dict[str, str] = {}
+    for name in CONTEXT_FIELDS:
+        value = getattr(record, name, None) or context.get(name)
+        if value:
+            found[name] = str(value)
+    return found
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Marks the handler ``configure`` installed, so a second call replaces it."""
+
+
+def configure(options: LogSettings, *, level: str | None = None,
+              stream: TextIO | None = None) -> None:
+    """Send every log line to ``stream`` (default stderr) in ``options.format``, our
+    loggers at ``level`` (default ``options.level``), rq's at ``options.rq_level`` (default
+    the same). Replaces a handler an earlier call installed."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _Handler):
+            root.removeHandler(handler)
+    handler = _Handler(sys.stderr if stream is None else stream)
+    handler.setFormatter(JsonFormatter() if options.format == "json" else TextFormatter())
+    root.addHandler(handler)
+    level = level or options.level
+    root.setLevel(level)
+    for name in RQ_LOGGERS:
+        logging.getLogger(name).setLevel(options.rq_level or level)
+
+
+def rq_level_name() -> str:
+    """The level rq's worker logger is set to (what ``worker.work`` should keep)."""
+    return logging.getLevelName(logging.getLogger("rq.worker").getEffectiveLevel())
