@@ -4,8 +4,10 @@
     python3 dev.py demo    # the main job, on embedded defaults
     python3 dev.py test    # the whole test suite (pytest arguments may follow)
     python3 dev.py lint    # ruff, mypy --strict and lint-imports; fails if any fails
+    python3 dev.py lock    # refresh requirements.lock from pyproject.toml's ranges
 
-Each command creates ``.venv`` on first use and reinstalls when pyproject.toml changes.
+Each command creates ``.venv`` on first use and reinstalls when pyproject.toml or
+requirements.lock changes; the install takes its versions from requirements.lock.
 
 The tests start their own redis-server on a free port and stop it at the end; with
 DSH_SCHEDULE_TEST_REDIS=redis://HOST:PORT/DB in the environment (passed through as is)
@@ -26,11 +28,17 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".installed"
+LOCK = ROOT / "requirements.lock"
 TEST_REDIS_ENV = "DSH_SCHEDULE_TEST_REDIS"
 
 
+def _constraints() -> list[str]:
+    return ["--constraint", str(LOCK)] if LOCK.exists() else []
+
+
 def _ensure_venv() -> None:
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    inputs = (ROOT / "pyproject.toml").read_bytes() + (LOCK.read_bytes() if LOCK.exists() else b"")
+    digest = hashlib.sha256(inputs).hexdigest()
     if STAMP.exists() and STAMP.read_text() == digest:
         return
     if not (BIN / "python").exists():
@@ -40,9 +48,40 @@ def _ensure_venv() -> None:
     pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     # "compat" editable mode is a plain path entry, so PYTHONPATH can shadow the checkout.
     subprocess.run(
-        [*pip, "-e", f"{ROOT}[test]", "--config-settings", "editable_mode=compat"], check=True
+        [*pip, *_constraints(), "-e", f"{ROOT}[test]", "--config-settings",
+         "editable_mode=compat"],
+        check=True,
     )
     STAMP.write_text(digest)
+
+
+def _lock() -> int:
+    """Resolve the project with its test extra in a scratch venv, from pyproject.toml's
+    ranges alone, and pin every distribution it installed in requirements.lock."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        venv.EnvBuilder(with_pip=True).create(scratch)
+        python = str(Path(scratch) / ("Scripts" if os.name == "nt" else "bin") / "python")
+        subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                        f"{ROOT}[test]"], check=True)
+        frozen = subprocess.run(
+            [python, "-m", "pip", "freeze", "--disable-pip-version-check", "--all"],
+            check=True, capture_output=True, text=True,
+        ).stdout.splitlines()
+    pins = sorted(
+        (line for line in frozen
+         if "==" in line and not line.lower().startswith(("dsh-tool-schedule==", "pip==",
+                                                          "setuptools==", "wheel=="))),
+        key=str.lower,
+    )
+    LOCK.write_text(
+        "# Exact versions for reproducible installs: CI, dev.py and the image install with\n"
+        "# this file as constraints. Refresh with `python3 dev.py lock`.\n" + "\n".join(pins)
+        + "\n"
+    )
+    print(f"dev: wrote {len(pins)} pins to {LOCK.name}", file=sys.stderr)
+    return 0
 
 
 def _report_test_redis() -> None:
@@ -70,6 +109,8 @@ def _lint(env: dict[str, str]) -> int:
 
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("test", [])
+    if command == "lock":
+        return _lock()
     _ensure_venv()
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     if command == "test":
@@ -81,7 +122,7 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(BIN / "dsh-schedule"), "demo", *rest], cwd=ROOT, env=env)
     if command == "run":
         return subprocess.call([str(BIN / "dsh-schedule"), *rest], cwd=ROOT, env=env)
-    print(f"dev: unknown command {command!r}; use demo, test, lint or run", file=sys.stderr)
+    print(f"dev: unknown command {command!r}; use demo, test, lint, lock or run", file=sys.stderr)
     return 2
 
 
