@@ -182,6 +182,12 @@ def _seconds_arg(text: str) -> float:
     return seconds
 
 
+def _count_arg(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 10_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 10000")
+    return int(text)
+
+
 def _tool_args(text: str | None) -> Any:
     """ARGS_JSON as a value; CommandError naming what keeps it from being read."""
     if not text:
@@ -451,7 +457,11 @@ def cmd_health(args: argparse.Namespace) -> int:
         health = status.Health(ok=False, reason=str(exc))
     else:
         try:
-            health = status.check_health(Coordination(client, settings), now_ms=wall_clock_ms())
+            # An explicit --queue must have a worker even without live agents.
+            health = status.check_health(
+                Coordination(client, settings), now_ms=wall_clock_ms(),
+                also=[args.queue] if args.queue else [],
+            )
         except redis.RedisError as exc:
             health = status.Health(ok=False,
                                    reason=f"Redis failed while checking ({type(exc).__name__})")
@@ -654,11 +664,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                        "scheduler heartbeat")
     _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.add_argument("--json", action="store_true", help="one JSON object")
-    p.add_argument("--next", type=int, default=5, metavar="N",
+    p.add_argument("--next", type=_count_arg, default=5, metavar="N",
                    help="how many of the next scheduled wakes to show (default: 5)")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("health", help="exit 0 when the scheduler heartbeat is fresh and "
-                       "every queue with live agents has a worker, else 1 saying why")
+                       "every queue with live agents (and the one --queue names) has a "
+                       "worker, else 1 saying why")
     _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.add_argument("--json", action="store_true", help='{"ok":…,"reason":…}')
     p.set_defaults(func=cmd_health)

@@ -225,12 +225,14 @@ def check_health(
     *,
     now_ms: int,
     queues: Sequence[str] | None = None,
+    also: Sequence[str] = (),
     heartbeat: HeartbeatStatus | None = None,
     by_queue: dict[str, list[str]] | None = None,
 ) -> Health:
-    """Healthy: the scheduler heartbeat is fresh and each queue has a worker. The queues
-    checked are ``queues`` (a host asks about its own) or, by default, every queue that
-    has live agents. RedisError propagates."""
+    """Healthy: the scheduler heartbeat is fresh and each queue checked has a worker. The
+    queues checked are ``queues`` (a host asks about its own) or, by default, every queue
+    that has live agents, plus ``also`` (queues named by the caller, live agents or not).
+    RedisError propagates."""
     client = coord.client
     if heartbeat is None:
         heartbeat = read_heartbeat(client, coord.keys)
@@ -245,14 +247,15 @@ def check_health(
             f"the scheduler heartbeat is {heartbeat.age_seconds:.1f} s old "
             f"(fresh: at most {heartbeat.fresh_within_seconds:g} s)"
         )
+    wanted: dict[str, int | None] = {}
     if queues is None:
         if by_queue is None:
             by_queue = live_by_queue(coord, now_ms=now_ms)
-        wanted: dict[str, int | None] = {
-            queue: len(agents) for queue, agents in by_queue.items()
-        }
+        wanted.update((queue, len(agents)) for queue, agents in by_queue.items())
     else:
-        wanted = dict.fromkeys(queues)
+        wanted.update(dict.fromkeys(queues))
+    for queue in also:
+        wanted.setdefault(queue, None)
     for queue in sorted(wanted):
         if not Worker.all(queue=Queue(queue, connection=client)):
             live = wanted[queue]
@@ -262,10 +265,11 @@ def check_health(
             )
     if problems or heartbeat is None:
         return Health(ok=False, reason="; ".join(problems))
-    workers = "every queue with live agents has a worker" if queues is None else (
-        f"{', '.join(repr(q) for q in wanted)} {'has' if len(wanted) == 1 else 'have'} "
-        "a worker"
-    )
+    if not wanted:
+        workers = "no queue has live agents"
+    else:
+        names = ", ".join(f"{queue!r}" for queue in sorted(wanted))
+        workers = f"{names} {'has' if len(wanted) == 1 else 'have'} a worker"
     return Health(
         ok=True,
         reason=f"the scheduler heartbeat is {heartbeat.age_seconds:.1f} s old; {workers}",

@@ -20,9 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
@@ -36,15 +35,25 @@ _EMPTY: Final[Mapping[str, str]] = {}
 _context: ContextVar[Mapping[str, str]] = ContextVar("dsh_schedule_log_context", default=_EMPTY)
 
 
-@contextmanager
-def log_context(**fields: str | None) -> Iterator[None]:
+class log_context:  # noqa: N801 (used as a function: ``with log_context(agent=…):``)
     """Lines logged in this block (in this thread) carry ``fields`` (None values are left
-    out), besides what an enclosing block set."""
-    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
-    try:
-        yield
-    finally:
-        _context.reset(token)
+    out), besides what an enclosing block set. A plain class, not a generator: it is
+    entered once per tool call and per wake."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: str | None) -> None:
+        self._fields = fields
+        self._token: Token[Mapping[str, str]] | None = None
+
+    def __enter__(self) -> None:
+        fields = {k: v for k, v in self._fields.items() if v}
+        self._token = _context.set({**_context.get(), **fields})
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _context.reset(self._token)
+            self._token = None
 
 
 def add_log_context(**fields: str | None) -> None:

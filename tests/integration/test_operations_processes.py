@@ -236,6 +236,9 @@ def test_status_reports_what_was_armed_and_health_follows_the_processes(
     assert code == 0
     assert json.loads(out)["ok"] is True
     assert host.plugin.health().ok
+    # A queue named on the command line needs a worker too, live agents or not.
+    code, out = deployment.cli("health", "--queue", f"{queue}-other")
+    assert (code, out) == (1, f"unhealthy: queue {queue + '-other'!r} has no worker\n")
 
     # The scheduler moved the overdue wake and the worker dispatched it; nobody delivers.
     assert wait_until(lambda: json.loads(deployment.cli("status", "--json")[1])
