@@ -194,6 +194,7 @@ class DueOwner:
                     except LockUnavailable:
                         log.debug("wake for %s: lock busy, the holder re-arms", agent)
                         outcomes[agent] = WakeOutcome.LOCK_BUSY
+                        recorder.due_transaction(time.perf_counter() - started)
                         continue
                     try:
                         state = self._rounds(agent)

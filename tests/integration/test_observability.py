@@ -376,3 +376,22 @@ def test_plugin_health_says_when_redis_is_gone(settings: Settings) -> None:
                             settings=settings)
     health = plugin.health()
     assert health == status.Health(ok=False, reason="Redis unavailable (ConnectionError)")
+
+
+def test_a_rebuild_batch_counts_each_agent_wake_and_its_duration(
+    system: EmbeddedSystem, recorder: metrics.PrometheusMetrics
+) -> None:
+    for session in ("s1", "s2"):
+        new_session(system.store, session)
+        system.host.open_root(session)
+    system.step()
+    before = {o: sample(recorder, "dsh_schedule_wakes_total", outcome=o.value)
+              for o in WakeOutcome}
+    durations = sample(recorder, "dsh_schedule_due_transaction_seconds_count")
+    system.rebuild()  # one immediate wake_batch job for both agents
+    system.worker.work(burst=True, logging_level="WARNING")
+    after = {o: sample(recorder, "dsh_schedule_wakes_total", outcome=o.value)
+             for o in WakeOutcome}
+    assert after[WakeOutcome.SETTLED] - before[WakeOutcome.SETTLED] == 2
+    assert sum(after.values()) - sum(before.values()) == 2
+    assert sample(recorder, "dsh_schedule_due_transaction_seconds_count") - durations == 2
