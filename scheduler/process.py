@@ -1,10 +1,12 @@
-"""The ``scheduler`` process: rq-scheduler mover, startup rebuild, periodic reconcile.
+"""The ``scheduler`` process: the wake mover, startup rebuild, periodic reconcile.
 
-We drive rq-scheduler's ``enqueue_jobs()`` from our own loop (its ``run()`` installs its
-own signal handlers). Rebuild enqueues a wake for every live agent; the periodic reconcile
-pass enqueues wakes only for the agents whose projection in Redis is missing or stale,
-plus a slice of a slow full sweep. All deciding happens inside the wake, under the lock,
-after a preflight — so a Redis flush loses nothing.
+Our own loop runs the mover pass (``WakeProjection.move_due``: a script that takes the
+wakes due to the millisecond; rq-scheduler's ``run()`` would install its own signal
+handlers and compare whole seconds) under rq-scheduler's lock. Rebuild enqueues a wake
+for every live agent; the periodic reconcile pass enqueues wakes only for the agents whose
+projection in Redis is missing or stale, plus a slice of a slow full sweep. All deciding
+happens inside the wake, under the lock, after a preflight — so a Redis flush loses
+nothing.
 
 The loop also leaves what an operator reads (docs/architecture.md#operations): a heartbeat
 key refreshed after its passes, the summary of its last rebuild or reconcile, and, when

@@ -160,13 +160,18 @@ class Followups:
         """Entries for this consumer: its own unacknowledged ones first, then new ones.
 
         The consumer group is created here when Redis has none (a first entry, or a
-        flushed Redis); created from the stream's start, it skips no entry.
+        flushed Redis); created from the stream's start, it skips no entry. An agent
+        with no stream has nothing to read, and is left without one: an idle live agent
+        holds no empty stream.
         """
         try:
             return self._read(agent, consumer, count=count, block_ms=block_ms)
         except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            # Redis says NOGROUP; the embedded server says the key must exist.
+            if "NOGROUP" not in str(exc) and "key to exist" not in str(exc):
                 raise
+        if not self._client.exists(self._keys.followups(agent)):
+            return []
         self.ensure_group(agent)
         return self._read(agent, consumer, count=count, block_ms=block_ms)
 

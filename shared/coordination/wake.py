@@ -263,7 +263,9 @@ class WakeProjection:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self._client = client
         self._keys = keys
-        self.scheduler = PrefixedScheduler(keys, connection=client)
+        # rq-scheduler's mover lock expires ``interval + 10`` s after it was taken: a
+        # scheduler that dies holding it stalls the others' movers no longer than that.
+        self.scheduler = PrefixedScheduler(keys, connection=client, interval=1)
         self._unschedule_script = client.register_script(_UNSCHEDULE)
 
     def current(self, agent: str) -> str | None:
@@ -278,7 +280,7 @@ class WakeProjection:
         return self.arm_many([ArmRequest(agent, target_ms, queue)])[0]
 
     def arm_many(self, requests: Sequence[ArmRequest]) -> list[str | None]:
-        """``arm`` for many agents in one read and one write round trip; hold every
+        """``arm`` for many agents in two pipelined reads and one write; hold every
         agent's lock. Returns each agent's current wake id (None: no wake). An agent
         already armed for exactly that target keeps its wake; any other target, even in
         the same second, supersedes it."""

@@ -66,6 +66,15 @@ def test_an_empty_stream_has_no_entries(followups: Followups) -> None:
     assert followups.read(AGENT, "host-1") == []
 
 
+def test_reading_an_agent_without_a_stream_leaves_it_without_one(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """An idle live agent holds no empty stream, however often a host looks."""
+    followups = Followups(redis_client, keys)
+    assert followups.read("idle-agent", "host-1") == []
+    assert not redis_client.exists(keys.followups("idle-agent"))
+
+
 def test_read_returns_new_entries_then_the_consumers_unacknowledged_ones(
     followups: Followups,
 ) -> None:
