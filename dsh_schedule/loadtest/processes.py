@@ -38,7 +38,14 @@ from dsh_schedule.loadtest.sessions import (
     write_session,
     write_sessions,
 )
-from dsh_schedule.loadtest.stats import Progress, Stopwatch, cost_ratio, latency, memory_total
+from dsh_schedule.loadtest.stats import (
+    Latency,
+    Progress,
+    Stopwatch,
+    cost_ratio,
+    latency,
+    memory_total,
+)
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
@@ -161,7 +168,8 @@ def _cpu_window(rt: RedisRuntime, seconds: float, agents: int) -> CpuWindow:
     return CpuWindow(
         seconds=window.seconds, processes=window.cores, total_cores=total,
         cores_per_1000_agents=None if total is None else round(total * 1000 / agents, 6),
-        commands_per_s=window.commands_per_s, redis_cpu_from=sampler.redis_source,
+        commands_per_s=window.commands_per_s, commands_by_type=window.commands_by_type,
+        redis_cpu_from=sampler.redis_source,
     )
 
 
@@ -236,7 +244,7 @@ def _due_second(probe: Callable[[int], bool], count: int, plan: Plan) -> int:
 
 
 def _bare_burst(open_runtime: RuntimeFactory, plan: Plan,
-                progress: Progress) -> tuple[Any, float, int]:
+                progress: Progress) -> tuple[Latency, float, int]:
     n = plan.burst_agents
     progress.note(f"bare: {n:,} rq jobs due at once, one rq-scheduler process, "
                   f"{plan.workers} stock rq worker(s)")

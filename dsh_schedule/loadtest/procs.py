@@ -107,6 +107,22 @@ def redis_commands(client: redis.Redis) -> int:
     return int(info["total_commands_processed"])
 
 
+def redis_command_calls(client: redis.Redis) -> dict[str, int]:
+    """``INFO commandstats``: calls so far of each command (lower case, subcommands as
+    ``xinfo|stream``)."""
+    info: Any = client.info("commandstats")
+    return parse_commandstats(info)
+
+
+def parse_commandstats(info: Mapping[str, Any]) -> dict[str, int]:
+    """Calls per command of a parsed ``INFO commandstats`` (``cmdstat_<name>`` entries)."""
+    calls: dict[str, int] = {}
+    for key, value in info.items():
+        if key.startswith("cmdstat_") and isinstance(value, Mapping) and "calls" in value:
+            calls[key.removeprefix("cmdstat_")] = int(value["calls"])
+    return calls
+
+
 class CpuReading(msgspec.Struct, frozen=True, kw_only=True):
     at: float
     """``time.monotonic()`` of the reading."""
@@ -115,6 +131,8 @@ class CpuReading(msgspec.Struct, frozen=True, kw_only=True):
     redis_commands: int
     own_commands: int
     """Commands this reading sent before its ``INFO stats`` (``INFO cpu``, or none)."""
+    calls: dict[str, int] = msgspec.field(default_factory=dict)
+    """Calls of each command so far (``INFO commandstats``, sent after ``INFO stats``)."""
 
 
 class CpuWindowResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,6 +140,8 @@ class CpuWindowResult(msgspec.Struct, frozen=True, kw_only=True):
     cores: dict[str, float | None]
     """CPU seconds per second of each process (``redis-server`` included)."""
     commands_per_s: float
+    commands_by_type: dict[str, float]
+    """Calls per second of each command, busiest first (the readings' ``INFO`` left out)."""
 
 
 def cores_between(first: CpuReading, last: CpuReading) -> CpuWindowResult:
@@ -140,11 +160,17 @@ def cores_between(first: CpuReading, last: CpuReading) -> CpuWindowResult:
                                       6)
     else:
         cores["redis-server"] = None
-    # Not counted: the first reading's INFO stats, and what the last sent before its own.
-    own = 1 + last.own_commands
+    # Not counted: the first reading's INFO stats and INFO commandstats (when it read
+    # them), and what the last sent before its own INFO stats.
+    own = 1 + (1 if first.calls else 0) + last.own_commands
     commands = max(0, last.redis_commands - first.redis_commands - own)
+    by_type = {name: round((n - first.calls.get(name, 0)) / seconds, 2)
+               for name, n in last.calls.items()
+               if name != "info" and n > first.calls.get(name, 0)}
     return CpuWindowResult(seconds=round(seconds, 3), cores=cores,
-                           commands_per_s=round(commands / seconds, 2))
+                           commands_per_s=round(commands / seconds, 2),
+                           commands_by_type=dict(sorted(by_type.items(),
+                                                        key=lambda kv: (-kv[1], kv[0]))))
 
 
 class CpuSampler:
@@ -164,4 +190,5 @@ class CpuSampler:
             redis_cpu, own = redis_info_cpu_seconds(self._client), 1
         commands = redis_commands(self._client)
         return CpuReading(at=time.monotonic(), cpu_s=cpu, redis_cpu_s=redis_cpu,
-                          redis_commands=commands, own_commands=own)
+                          redis_commands=commands, own_commands=own,
+                          calls=redis_command_calls(self._client))

@@ -114,6 +114,8 @@ class CpuWindow(msgspec.Struct, frozen=True, kw_only=True):
     total_cores: float | None
     cores_per_1000_agents: float | None
     commands_per_s: float
+    commands_by_type: dict[str, float]
+    """Calls per second of each Redis command (``INFO commandstats``), busiest first."""
     redis_cpu_from: str
     """``proc``: the redis-server's ``/proc/<pid>/stat``; ``info``: its ``INFO cpu``."""
 
@@ -303,6 +305,11 @@ def _cores(window: CpuWindow) -> str:
     return ", ".join(f"{role} {_fmt(c)}" for role, c in parts.items())
 
 
+def _busiest(window: CpuWindow, count: int = 4) -> str:
+    top = list(window.commands_by_type.items())[:count]
+    return ", ".join(f"{name} {_fmt(rate)}" for name, rate in top) or "-"
+
+
 def _rss(rss: int | None, peak: int | None) -> str:
     return f"{_fmt(_mib(rss))} MiB (peak {_fmt(_mib(peak))})"
 
@@ -348,6 +355,7 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
         rows.append(("idle cores by process", _cores(i.ours), _cores(i.bare), ""))
         rows.append(("idle Redis commands/s", _fmt(i.ours.commands_per_s),
                      _fmt(i.bare.commands_per_s), _fmt(i.ratio_commands, "x")))
+        rows.append(("idle busiest Redis commands/s", _busiest(i.ours), _busiest(i.bare), ""))
     if (b := f.burst) is not None:
         rows.append((f"burst due->followup ({b.agents:,} agents)", _lat(b.followup),
                      _lat(b.bare), _fmt(b.ratio_p99, "x p99")))

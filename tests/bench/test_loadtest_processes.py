@@ -22,6 +22,7 @@ from dsh_schedule.loadtest.procs import (
     CpuReading,
     ProcessMemory,
     cores_between,
+    parse_commandstats,
     parse_stat_cpu_ticks,
     parse_status_memory,
 )
@@ -77,9 +78,9 @@ def test_a_process_without_memory_lines_has_none() -> None:
 
 
 def _reading(at: float, cpu: dict[str, float | None], redis_cpu: float | None, commands: int,
-             own: int = 0) -> CpuReading:
+             own: int = 0, calls: dict[str, int] | None = None) -> CpuReading:
     return CpuReading(at=at, cpu_s=cpu, redis_cpu_s=redis_cpu, redis_commands=commands,
-                      own_commands=own)
+                      own_commands=own, calls=calls or {})
 
 
 def test_cores_are_cpu_seconds_per_second_of_each_process_and_the_server() -> None:
@@ -96,6 +97,22 @@ def test_the_readings_own_commands_are_not_counted() -> None:
     first = _reading(0.0, {}, 1.0, 50, own=1)
     last = _reading(2.0, {}, 1.0, 52, own=1)
     assert cores_between(first, last).commands_per_s == 0.0
+
+
+def test_commands_are_counted_by_type_busiest_first_without_the_readings() -> None:
+    first = _reading(0.0, {}, 0.0, 100, calls={"info": 5, "xread": 10, "get": 1})
+    last = _reading(2.0, {}, 0.0, 134, calls={"info": 7, "xread": 12, "get": 31, "zadd": 2})
+    window = cores_between(first, last)
+    assert list(window.commands_by_type.items()) == [("get", 15.0), ("xread", 1.0),
+                                                     ("zadd", 1.0)]
+    # 34 more, less the first reading's INFO stats and INFO commandstats.
+    assert window.commands_per_s == 16.0
+
+
+def test_commandstats_are_read_per_command() -> None:
+    info = {"cmdstat_get": {"calls": 3, "usec": 9}, "cmdstat_xinfo|stream": {"calls": 1},
+            "errorstat_ERR": {"count": 1}, "cmdstat_odd": 7}
+    assert parse_commandstats(info) == {"get": 3, "xinfo|stream": 1}
 
 
 def test_a_process_that_could_not_be_read_has_no_figure() -> None:
@@ -221,7 +238,7 @@ def _window(per_1000: float) -> CpuWindow:
     return CpuWindow(seconds=60.0, processes={"host": 0.01, "worker-1": 0.0, "scheduler": 0.01,
                                               "redis-server": 0.02},
                      total_cores=0.04, cores_per_1000_agents=per_1000, commands_per_s=100.0,
-                     redis_cpu_from="proc")
+                     commands_by_type={"xread": 1.0}, redis_cpu_from="proc")
 
 
 def _idle(agents: int, per_1000: float) -> IdleFigure:

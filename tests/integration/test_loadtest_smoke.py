@@ -77,7 +77,7 @@ PROCESS_FIGURES: dict[str, tuple[set[str], set[str]]] = {
     ),
 }
 CPU_WINDOW = {"seconds", "processes", "total_cores", "cores_per_1000_agents", "commands_per_s",
-              "redis_cpu_from"}
+              "commands_by_type", "redis_cpu_from"}
 TARGETS = 13
 
 
