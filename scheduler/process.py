@@ -10,9 +10,10 @@ nothing.
 
 The loop also leaves what an operator reads (docs/architecture.md#operations): a heartbeat
 key refreshed after its passes, the summary of its last rebuild or reconcile, and, when
-metrics are on, the gauges of live agents, scheduled wakes and pending followups (set by
-each reconcile pass from what it reads anyway, plus one ZCARD and one XLEN per non-empty
-followup stream) and the time of each loop's last pass.
+metrics are on, the gauges of live agents and scheduled wakes (set by each rebuild or
+reconcile pass) and of pending followups (set by each reconcile pass), from what the pass
+reads anyway plus one ZCARD and one XLEN per non-empty followup stream, and the time of
+each loop's last pass.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ Each process exports what it measures:
   ``dsh_schedule_tool_call_seconds{tool}``, ``dsh_schedule_tool_calls_total{tool,code}``,
   ``dsh_schedule_deliveries_total{outcome="delivered"|"dropped"}``,
   ``dsh_schedule_last_pass_timestamp_seconds{loop="lease_renewal"}``;
-- the scheduler: the gauges ``dsh_schedule_live_agents``, ``dsh_schedule_scheduled_wakes``,
-  ``dsh_schedule_followups_pending`` (set by each rebuild or reconcile pass, from what the
-  pass reads anyway plus one ``ZCARD`` and an ``XLEN`` per non-empty followup stream) and
+- the scheduler: the gauges ``dsh_schedule_live_agents``, ``dsh_schedule_scheduled_wakes``
+  (set by each rebuild or reconcile pass) and ``dsh_schedule_followups_pending`` (set by
+  each reconcile pass), from what the pass reads anyway plus one ``ZCARD`` and an ``XLEN``
+  per non-empty followup stream, and
   ``dsh_schedule_last_pass_timestamp_seconds{loop="mover"|"reconcile"}``;
 - every process: ``dsh_schedule_redis_errors_total``.
 
@@ -85,7 +86,7 @@ class Metrics:
         """Agents with a valid lease, as the last rebuild or reconcile pass found them."""
 
     def scheduled_wakes(self, count: int) -> None:
-        """Entries in the wake schedule, as the last reconcile pass found them."""
+        """Entries in the wake schedule, as the last rebuild or reconcile pass found them."""
 
     def followups_pending(self, count: int) -> None:
         """Followup entries in live agents' streams, as the last reconcile pass found them."""

@@ -1,9 +1,10 @@
 """A private ``redis-server`` for tests: 127.0.0.1, a free port, its own directory,
 nothing saved to disk.
 
-The test session runs one of these for every real-Redis test (see ``tests/conftest.py``),
-and tests that stop, kill or restart Redis start another one of their own, so no test
-ever touches a server it did not start.
+The test session runs one of these for every real-Redis test (see ``tests/conftest.py``)
+unless ``DSH_SCHEDULE_TEST_REDIS`` names a database to use instead (which the tests then
+only ever FLUSHDB), and tests that stop, kill or restart Redis start another one of their
+own either way; so without that variable no test ever touches a server it did not start.
 """
 
 from __future__ import annotations
