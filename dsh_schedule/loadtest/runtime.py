@@ -405,19 +405,37 @@ class RedisRuntime:
         self.client.close()
 
     def delete_own_keys(self) -> int:
-        """Delete every key this run wrote: its prefix, its queue's rq keys, its jobs."""
+        """Delete every key this run wrote: its prefix, its queues' rq keys, its jobs (those
+        with ids of its own, and those rq named that are still in its queues or their
+        registries, such as wakes a host triggered just before the end)."""
         queues = [Queue(name, connection=self.client) for name in self._queues]
-        failed = [i for queue in queues for i in queue.failed_job_registry.get_job_ids()]
+        jobs = {i for queue in queues for i in _job_ids(self.client, queue)}
         keys: set[bytes] = set()
         for tag in (self.settings.prefix, self.settings.queue, *self._tags):
             keys.update(self.client.scan_iter(match=f"*{_glob_escape(tag)}*", count=1000))
-        for job_id in failed:
+        for job_id in jobs:
             keys.update(k.encode() for k in (f"rq:job:{job_id}", f"rq:executions:{job_id}",
                                              f"rq:results:{job_id}"))
         for batch in _batches(sorted(keys), 500):
             self.client.delete(*batch)
         self.client.srem("rq:queues", *(queue.key for queue in queues))
         return len(keys)
+
+
+def _job_ids(client: redis.Redis, queue: Queue) -> set[str]:
+    """Ids of every job in ``queue``: waiting, between dequeue and start, or in one of its
+    registries (read without rq's cleanup, which would move jobs between them)."""
+    ids: set[str] = set(queue.get_job_ids())
+    ids.update(_text(i) for i in client.lrange(queue.intermediate_queue_key, 0, -1))
+    for registry in (queue.started_job_registry, queue.finished_job_registry,
+                     queue.failed_job_registry, queue.deferred_job_registry,
+                     queue.scheduled_job_registry, queue.canceled_job_registry):
+        ids.update(registry.get_job_ids(cleanup=False))
+    return ids
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _until(timeout_s: float, deadline: float) -> float:

@@ -245,5 +245,8 @@ def test_the_process_run_leaves_nothing_behind(process_result: dict[str, Any],
         tag = process_result["plan"]["tag"]
         assert list(client.scan_iter(match=f"*{tag}*")) == []
         assert list(client.scan_iter(match=f"*{tag.encode().hex()}*")) == []
+        # Nor a job of its queues whose id rq chose (a wake a host triggered at the end).
+        origins = [client.hget(key, "origin") or b"" for key in client.scan_iter(match="rq:job:*")]
+        assert [o for o in origins if tag.encode() in o] == []
     finally:
         client.close()
