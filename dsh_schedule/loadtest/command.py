@@ -114,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     for flag, field, full, embedded, smoke, bound in _SIZES:
         if field in _PROCESS_SIZES:
-            text = f"default {full}, {smoke} with --smoke (at most {bound})"
+            unit = " seconds" if field.endswith("_s") else ""
+            text = f"default {full}{unit}, {smoke} with --smoke (at most {bound})"
         else:
             text = (f"default {full} with --redis, {embedded} embedded, {smoke} with --smoke "
                     f"(at most {bound})")
