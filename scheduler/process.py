@@ -232,6 +232,7 @@ class SchedulerLoop:
         self._reconciler = Reconciler(coord, settings)
         self._rebuild_next = True
         self._next_beat = 0.0  # monotonic time of the next heartbeat refresh
+        self._moved = True  # whether the last pass held the mover lock
         self.stop = threading.Event()
 
     def run(self) -> int:
@@ -255,15 +256,29 @@ class SchedulerLoop:
                 # Redis may have lost everything: rebuild now
                 next_reconcile = 0.0
                 self._rebuild_next = True
-            self.stop.wait(self._pause_s())
+            self._wait(self._pause_s())
         log.info("scheduler stopped")
         return 0
+
+    def _wait(self, pause_s: float) -> None:
+        """Block until the next pass: ``pause_s``, or sooner when a wake is armed (the
+        nudge list). An idle scheduler therefore costs one pass per interval, and a wake
+        armed for a moment before the next known due time is moved on time."""
+        if self.stop.is_set():
+            return
+        try:
+            self._coord.client.blpop([self._coord.keys.mover_nudge()], timeout=pause_s)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.stop.wait(self._outage.failed(exc))
 
     def _pause_s(self) -> float:
         """Until the next pass: the mover interval, or less when the earliest wake left
         in the schedule is due sooner (never under ``MIN_PAUSE_S``: passes closer than
-        that would hand each wake on in an rq job of its own)."""
+        that would hand each wake on in an rq job of its own), or ``MIN_PAUSE_S`` when
+        another scheduler held the mover lock (its pass may have missed a new wake)."""
         interval = self._settings.mover_interval_s
+        if not self._moved:
+            return MIN_PAUSE_S
         next_due = self._coord.wakes.next_due_ms
         if next_due is None:
             return interval
@@ -291,7 +306,8 @@ class SchedulerLoop:
 
     def _move(self) -> None:
         scheduler = self._coord.wakes.scheduler
-        if scheduler.acquire_lock():
+        self._moved = bool(scheduler.acquire_lock())
+        if self._moved:
             try:
                 self._coord.wakes.move_due()
             finally:

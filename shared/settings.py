@@ -27,7 +27,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     turn_renew_s: float = 20.0
     lease_ttl_s: float = 60.0
     lease_renew_s: float = 20.0
-    mover_interval_s: float = 0.05
+    mover_interval_s: float = 1.0
     reconcile_interval_s: float = 30.0
     early_sleep_s: float = 2.0
     # What one JSONL store keeps of the sessions it served, in MiB of accounted bytes.

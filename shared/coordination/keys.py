@@ -48,6 +48,11 @@ class Keys:
     def scheduled_jobs(self) -> str:
         return f"{self.prefix}rq-scheduler:scheduled_jobs"
 
+    def mover_nudge(self) -> str:
+        """LIST of at most one element: pushed whenever a wake is armed, so a scheduler
+        blocked until its next known due time runs a pass at once."""
+        return f"{self.prefix}mover-nudge"
+
     def scheduler_lock(self) -> str:
         return f"{self.prefix}rq-scheduler:lock"
 

@@ -296,6 +296,7 @@ class WakeProjection:
                     pipe.zscore(self.scheduler.scheduled_jobs_key, previous or base)
             facts = iter(pipe.execute())
         results: list[str | None] = []
+        nudge = False
         with self._client.pipeline() as pipe:
             for r, previous in zip(requests, current, strict=True):
                 if r.target_ms is None:
@@ -317,6 +318,12 @@ class WakeProjection:
                     job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
                 self._schedule(r.agent, r.target_ms, r.queue, job_id, previous, pipe)
                 results.append(job_id)
+                nudge = True
+            if nudge:
+                # Wake a scheduler that sleeps until its next known due time: this wake
+                # may be due sooner. One element at most, so nothing grows.
+                pipe.lpush(self._keys.mover_nudge(), "1")
+                pipe.ltrim(self._keys.mover_nudge(), 0, 0)
             pipe.execute()
         return results
 

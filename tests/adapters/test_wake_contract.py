@@ -495,7 +495,9 @@ def test_every_key_the_projection_writes_is_under_the_prefix(
         keys.scheduled_jobs(),
         keys.current_wake(AGENT),
         keys.wake_counter(AGENT),
+        keys.mover_nudge(),
     }
     assert all(k.startswith(keys.prefix) for k in ours)
+    assert redis_client.llen(keys.mover_nudge()) == 1  # however many arms nudged
     assert f"rq:queue:{queue}" in written
     assert not any(k.startswith("rq:scheduler") for k in written)
