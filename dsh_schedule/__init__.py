@@ -14,6 +14,16 @@ import importlib
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from dsh_schedule.host.aio import (
+        AsyncAgent,
+        AsyncAgentEvents,
+        AsyncAgentHandle,
+        AsyncAgentRegistry,
+        AsyncHostBridge,
+        AsyncSchedulePlugin,
+        AsyncScheduleTools,
+        AsyncToolHandler,
+    )
     from dsh_schedule.host.bridge import Delivery, HostBridge
     from dsh_schedule.host.plugin import (
         AgentEvents,
@@ -71,11 +81,28 @@ _HOMES: Final[dict[str, str]] = {
     "anthropic_tools": "dsh_schedule.shared.core.catalog",
     "ToolResult": "dsh_schedule.shared.core.views",
     "wall_clock_ms": "dsh_schedule.shared.clock",
+    # The asyncio host API (docs/integrations/README.md), importable from here as well.
+    "AsyncSchedulePlugin": "dsh_schedule.host.aio",
+    "AsyncScheduleTools": "dsh_schedule.host.aio",
+    "AsyncHostBridge": "dsh_schedule.host.aio",
+    "AsyncAgent": "dsh_schedule.host.aio",
+    "AsyncAgentRegistry": "dsh_schedule.host.aio",
+    "AsyncAgentHandle": "dsh_schedule.host.aio",
+    "AsyncAgentEvents": "dsh_schedule.host.aio",
+    "AsyncToolHandler": "dsh_schedule.host.aio",
 }
 
 __all__ = [
     "AgentEvents",
     "AgentHandle",
+    "AsyncAgent",
+    "AsyncAgentEvents",
+    "AsyncAgentHandle",
+    "AsyncAgentRegistry",
+    "AsyncHostBridge",
+    "AsyncSchedulePlugin",
+    "AsyncScheduleTools",
+    "AsyncToolHandler",
     "CompositionError",
     "Coordination",
     "Delivery",

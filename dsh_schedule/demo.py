@@ -2,9 +2,13 @@
 
 A reference host with a scripted agent creates an ``after``, a local-time ``at`` and an
 ``every`` reminder, lists them, deletes one, receives the due ones as the exact framing
-with their receipts, then survives a restart that drops all Redis state. With
-``--redis URL`` the same runs against a real Redis with real worker and scheduler
-subprocesses.
+with their receipts, then survives a restart that drops all Redis state. A local ``at``
+without ``time_zone`` is answered ``timezone_confirmation_required`` until a turn's
+time-context reading confirms the session's zone (docs/architecture.md#local-times-without-a-zone).
+On the embedded Redis the demo's clock is injected, and advancing it by 300 s shows the
+fixed-rate reminders arriving as one batch message. With ``--redis URL`` the same runs
+against a real Redis with real worker and scheduler subprocesses (and the wall clock, so
+without the batch).
 """
 
 from __future__ import annotations
@@ -39,6 +43,18 @@ from dsh_schedule.shared.store.jsonl import JsonlStore
 
 SESSION = "demo-session"
 ZONE = "America/New_York"
+SESSION_ZONE = "Europe/Berlin"
+EVERY_S = 300
+
+
+class DemoClock:
+    """The wall clock plus an offset the embedded demo can advance (an injected clock)."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def __call__(self) -> int:
+        return wall_clock_ms() + self.offset_ms
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,10 +90,11 @@ class Demo:
         self._host_stop = threading.Event()
         self._host_thread: threading.Thread | None = None
         self.delivered: list[Delivery] = []
+        self.clock = DemoClock()
         if redis_url is None:
             self.system = EmbeddedSystem(
-                self.store, self.settings, clock=wall_clock_ms, sleep=time.sleep,
-                on_delivery=self._on_delivery,
+                self.store, self.settings, clock=self.clock, sleep=time.sleep,
+                on_delivery=self._on_delivery, injected_clock=True,
             )
             self.coordination = self.system.coordination
             self.host = self.system.host
@@ -152,7 +169,7 @@ class Demo:
             self.coordination.client.delete(f"rq:queue:{self.settings.queue}")
             self.host = self._start_real_host()
         self.host.open_root(SESSION)
-        report = rebuild(self.coordination, self.settings, now_ms=wall_clock_ms())
+        report = rebuild(self.coordination, self.settings, now_ms=self.clock())
         self.t.say(f"host restarted; rebuild woke {list(report.woken)}")
 
     def close(self) -> None:
@@ -167,23 +184,23 @@ class Demo:
 
     # -- the script -------------------------------------------------------------------
 
-    def tool(self, name: str, args: dict[str, Any]) -> Any:
+    def tool(self, name: str, args: dict[str, Any], *, time_context: bool = False) -> Any:
         self.t.say(f"model calls {name} {json.dumps(args, ensure_ascii=False)}")
         result = self.host.prompt(SESSION, "(scripted user turn)", tool_calls=[(name, args)],
-                                  client_time_zone="Europe/Berlin")[0]
+                                  client_time_zone=SESSION_ZONE, time_context=time_context)[0]
         self.t.say(f"  -> {'error ' if result.is_error else ''}{result.content}")
         return json.loads(result.content)
 
     def script(self) -> int:
-        self.store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(),
-                                        timeZone="Europe/Berlin"))
+        self.store.create(SessionHeader(id=SESSION, createdAt=self.clock(),
+                                        timeZone=SESSION_ZONE))
         self.t.say(f"session {SESSION!r} created in {self.settings.sessions}")
         self.start_processes()
         agent = self.host.open_root(SESSION)
         self.t.say(f"root agent {SESSION!r} created; Schedule installed: {sorted(agent.tools)}")
 
         self.tool("schedule_create", {"prompt": "Stand up and stretch", "after_seconds": 3})
-        local = to_datetime(wall_clock_ms() + 6000).astimezone(load_zone(ZONE))
+        local = to_datetime(self.clock() + 6000).astimezone(load_zone(ZONE))
         self.tool("schedule_create", {"prompt": "Call the team", "at": {
             "date": local.strftime("%Y-%m-%d"), "time": local.strftime("%H:%M:%S"),
             "time_zone": ZONE}})
@@ -191,6 +208,7 @@ class Demo:
         anchor = parse_instant(every["scheduledAt"])
         targets = [format_instant(anchor + k * 300_000) for k in range(3)]
         self.t.say(f"every 300 s, anchor-aligned targets: {', '.join(targets)}, ...")
+        self.confirm_zone()
         spare = self.tool("schedule_create", {"prompt": "Never mind", "after_seconds": 20})
         self.tool("schedule_list", {})
         self.tool("schedule_delete", {"id": spare["id"]})
@@ -204,13 +222,46 @@ class Demo:
         self.restart()
         self.run_until(lambda: len(self.delivered) >= 3, 30)
 
+        batch_ok = self.fixed_rate_batch()
+
         events = self.store.read(SESSION).events
         fold(events)  # the invariant holds over the whole log
         self.t.say(f"session log valid: {len(events)} events; still active:")
         self.tool("schedule_list", {})
-        ok = len(self.delivered) == 3
+        ok = len(self.delivered) == (4 if self.system is not None else 3) and batch_ok
         self.t.say("demo finished" if ok else "demo incomplete: a reminder did not arrive")
         return 0 if ok else 1
+
+
+    def confirm_zone(self) -> None:
+        """A local time without a zone: refused until the turn confirms the zone."""
+        tomorrow = to_datetime(self.clock() + 86_400_000).astimezone(load_zone(SESSION_ZONE))
+        args = {"prompt": "Water the plants",
+                "at": {"date": tomorrow.strftime("%Y-%m-%d"), "time": "09:00:00"}}
+        self.t.say(f"a local time without time_zone, in a turn without a time-context "
+                   f"reading (session zone {SESSION_ZONE}):")
+        self.tool("schedule_create", args)
+        self.t.say(f"the same in a turn whose time-context reading confirms {SESSION_ZONE} "
+                   "(the person's client is there too):")
+        self.tool("schedule_create", args, time_context=True)
+
+    def fixed_rate_batch(self) -> bool:
+        """Two fixed-rate reminders falling due together arrive as one batch message."""
+        if self.system is None:
+            self.t.say("fixed-rate batch: shown on the embedded Redis only (it advances an "
+                       "injected clock)")
+            return True
+        self.tool("schedule_create", {"prompt": "Stretch your legs", "every_seconds": EVERY_S})
+        before = len(self.delivered)
+        self.clock.offset_ms += EVERY_S * 1000
+        self.t.say(f"embedded demo: injected clock advanced by {EVERY_S} s; both fixed-rate "
+                   "reminders are due")
+        self.run_until(lambda: len(self.delivered) > before, 30)
+        batch = [d for d in self.delivered[before:] if len(d.pairs) == 2]
+        if batch:
+            self.t.say("the fixed-rate reminders arrived as one batch message "
+                       "(injected clock, embedded demo)")
+        return len(batch) == 1
 
 
 def run(args: argparse.Namespace) -> int:

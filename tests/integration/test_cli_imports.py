@@ -31,6 +31,9 @@ EXPECTED_API = {
     "SessionStore", "SessionHeader", "NewEvent", "Coordination", "connect", "Settings",
     "ToolDefinition", "tool_definitions", "catalog_json", "openai_tools", "anthropic_tools",
     "ToolResult", "wall_clock_ms", "__version__",
+    # the asyncio host API
+    "AsyncSchedulePlugin", "AsyncScheduleTools", "AsyncHostBridge", "AsyncAgent",
+    "AsyncAgentRegistry", "AsyncAgentHandle", "AsyncAgentEvents", "AsyncToolHandler",
 }
 
 SESSION = [

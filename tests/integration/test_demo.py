@@ -1,4 +1,5 @@
-"""The README's main job: ``dsh-schedule demo`` in a fresh clone while no Redis answers."""
+"""The README's main job: ``dsh-schedule demo`` in a fresh clone while no Redis answers,
+showing the time-zone confirmation and a fixed-rate batch among the rest."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ EXPECTED_IN_ORDER = [
     '"kind":"at"',
     '"kind":"every"',
     "anchor-aligned targets",
+    # a local time without a zone: refused, then confirmed by the turn's time context
+    '"code":"timezone_confirmation_required"',
+    "time-context reading confirms Europe/Berlin",
+    '"kind":"at","prompt":"Water the plants"',
     "model calls schedule_list {}",
     '"deleted":true',
     "[SCHEDULE REMINDER]",
@@ -29,6 +34,11 @@ EXPECTED_IN_ORDER = [
     "simulating a restart: every Redis key dropped",
     "rebuild woke ['demo-session']",
     'reminder_prompt_json: "Still here after the restart"',
+    # two fixed-rate reminders due together: one batch message (an injected clock)
+    "embedded demo: injected clock advanced by 300 s",
+    "[SCHEDULE REMINDER BATCH]",
+    '"reminder_prompt":"Check the build"},{"schedule_id":"schedule-7"',
+    "arrived as one batch message (injected clock, embedded demo)",
     "session log valid",
     "demo finished",
 ]

@@ -1,0 +1,135 @@
+"""Schedule in a Pydantic AI agent, end to end (docs/integrations/README.md).
+
+A person asks a Pydantic AI agent to remind them in 2 seconds; its model calls
+``schedule_create``. A ``dsh-schedule worker`` and ``scheduler`` run beside this host, and
+when the reminder is due it is delivered into the session and answered by the model in a
+new run that carries the thread's message history. The model is Pydantic AI's own
+``FunctionModel`` with a scripted function, so this runs offline:
+``pip install 'dsh-tool-schedule[pydantic-ai]'``, then
+
+    DSH_SCHEDULE_REDIS_URL=redis://127.0.0.1:6379/0 python docs/integrations/pydantic_ai_example.py
+
+``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one).
+"""
+
+# ruff: noqa: T201 - an example that prints what happens
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from dsh_schedule import Coordination, JsonlStore, SessionHeader, Settings, connect, wall_clock_ms
+from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin
+from dsh_schedule.integrations.pydantic_ai import (
+    InMemoryHistory,
+    ScheduleDeps,
+    run_user_turn,
+    schedule_tools,
+    serve_followups,
+)
+from dsh_schedule.integrations.session import time_context_reading
+
+SESSION = "chat-42"  # the agent id, i.e. the root session id, in the run's dependencies
+ZONE = "Europe/Berlin"
+
+
+def scripted_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Stands in for a real model: asks for a reminder, then answers it."""
+    parts = messages[-1].parts if isinstance(messages[-1], ModelRequest) else []
+    for part in parts:
+        if isinstance(part, ToolReturnPart):
+            answer = f"Done: {json.loads(part.content)['id']} is set."
+            return ModelResponse(parts=[TextPart(answer)])
+        if isinstance(part, UserPromptPart) and str(part.content).startswith("[SCHEDULE"):
+            prompt = next(json.loads(line.split(": ", 1)[1])
+                          for line in str(part.content).splitlines()
+                          if line.startswith("reminder_prompt_json: "))
+            return ModelResponse(parts=[TextPart(f"Reminder: time to {prompt}!")])
+    return ModelResponse(parts=[ToolCallPart("schedule_create",
+                                             {"prompt": "stretch", "after_seconds": 2})])
+
+
+def start_beside(settings: Settings) -> list[subprocess.Popen[bytes]]:
+    """A worker and a scheduler on this host's Redis, sessions and queue."""
+    env = dict(os.environ, DSH_SCHEDULE_SESSIONS=str(settings.sessions),
+               DSH_SCHEDULE_PREFIX=settings.prefix, DSH_SCHEDULE_QUEUE=settings.queue)
+    return [subprocess.Popen([sys.executable, "-m", "dsh_schedule", command], env=env)
+            for command in ("worker", "scheduler")]
+
+
+async def main() -> int:
+    sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings.from_env(sessions=sessions, prefix=f"pai-{tag}:", queue=f"pai-{tag}")
+    if not settings.redis_url:
+        sys.exit("set DSH_SCHEDULE_REDIS_URL")
+    store = JsonlStore(settings.sessions)
+    plugin = AsyncSchedulePlugin(store=store, settings=settings,
+                                 coordination=Coordination(connect(settings.redis_url), settings))
+    agents = AsyncAgentRegistry()
+    plugin.load(agents)
+    store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(), timeZone=ZONE))
+    await agents.create(SESSION)  # Schedule installs on the root agent: it holds a lease
+
+    tools = schedule_tools(plugin)  # sequential, agent id from the run's dependencies
+    agent = Agent(FunctionModel(scripted_model), deps_type=ScheduleDeps, tools=tools)
+    history = InMemoryHistory()  # each thread's messages, carried from run to run
+    print("tools:", [tool.name for tool in tools])
+
+    processes = start_beside(settings)
+    try:
+        result = await run_user_turn(
+            agent, plugin, ScheduleDeps(SESSION), "Remind me in 2 seconds to stretch.",
+            history=history, rpc_id="rpc-1", client_time_zone=ZONE,
+            time_context=time_context_reading(wall_clock_ms(), ZONE),
+        )
+        print("answer:", result.output)
+
+        stop = asyncio.Event()
+
+        async def answered(agent_id: str, delivery: Any, reminder: Any) -> None:
+            print("delivered:")
+            print(delivery.text)
+            print("model answered:", reminder.output)
+            print("messages in the thread's history:", len(reminder.all_messages()))
+            stop.set()
+
+        try:
+            await asyncio.wait_for(serve_followups(
+                agent, plugin, stop, deps_for=ScheduleDeps, history=history,
+                on_answer=answered,
+            ), 60)
+        except TimeoutError:
+            print("no reminder arrived within 60 s", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        await plugin.dispose()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(30)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,548 @@
+"""The asyncio host API, beside the synchronous one (docs/host-integration.md).
+
+``AsyncSchedulePlugin`` wraps a ``SchedulePlugin`` and keeps every guarantee of the sync
+API by running the very same transactions: a tool call, a lease grant, the turn phase, the
+delivery gate and every session file read or write run in a worker thread
+(``asyncio.to_thread``), never on the event loop. What it adds is the asyncio shape:
+
+- async tool handlers (``AsyncToolHandler``) registered on the agents an
+  ``AsyncAgentEvents`` source creates after ``load``;
+- ``bridge.turn(agent)``, an async context manager holding the agent's turn phase;
+- ``await bridge.ready(timeout_s)``, which waits for announcements on the queue's ready
+  stream with a non-blocking ``redis.asyncio`` read (a worker thread when the client is
+  the embedded Redis), and ``bridge.deliveries(agent)``, an async iterator of the
+  reminders delivered into the session;
+- ``plugin.serve(on_delivery, stop)``, the whole followup loop of a host: leases, pushed
+  delivery, each reminder in a turn of its own, Redis outages ridden out.
+
+Cancellation never leaves half a step behind: a step already handed to its thread runs to
+its end (a thread cannot be stopped), and only then is the cancellation passed on; a turn
+whose entry was cancelled is left again, agents ``ready`` had taken are handed back, and
+an async turn always releases the phase it claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, Protocol, TypeVar
+
+import redis
+import redis.asyncio
+
+from dsh_schedule import status
+from dsh_schedule.host.bridge import Delivery, HostBridge, TurnBusy
+from dsh_schedule.host.plugin import AgentHandle, CompositionError, SchedulePlugin, ToolHandler
+from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared.clock import Clock, wall_clock_ms
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.connection import is_embedded
+from dsh_schedule.shared.coordination.followups import READY_START
+from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.coordination.outage import Outage
+from dsh_schedule.shared.core.catalog import ToolDefinition
+from dsh_schedule.shared.core.views import ToolResult
+from dsh_schedule.shared.logging_setup import log_context
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.port import SessionStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+AsyncToolHandler = Callable[[Any], Awaitable[ToolResult]]
+DeliveryHandler = Callable[[str, Delivery], Awaitable[None]]
+
+BLOCK_S: Final = 1.0  # the longest one wait of ``serve`` for the ready stream
+TURN_WAIT_S: Final = 0.1  # how long ``serve`` waits for an agent's turn before moving on
+BUSY_RETRY_S: Final = 1.0  # when an agent whose turn or lock was busy is looked at again
+# Without a socket timeout of its own, one blocking read of the ready stream waits at most
+# this long before the bridge looks again (a connection that died silently is noticed).
+LONGEST_BLOCK_S: Final = 30.0
+
+
+class AsyncAgentHandle(Protocol):
+    """A live agent as an asyncio host shows it to plugins."""
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id, which is its root session id."""
+        ...
+
+    @property
+    def is_root(self) -> bool: ...
+
+    def register_tool(self, definition: ToolDefinition, handler: AsyncToolHandler) -> None:
+        """Add a tool to this agent's own tool set; the handler is awaited per call."""
+        ...
+
+
+class AsyncAgentEvents(Protocol):
+    def on_agent_created(
+        self, listener: Callable[[AsyncAgentHandle], Awaitable[None]]
+    ) -> Callable[[], None]:
+        """Await ``listener`` for every agent created from now on; returns an unsubscribe."""
+        ...
+
+
+async def settle(
+    function: Callable[..., T], *args: Any, undo: Callable[[T], None] | None = None
+) -> T:
+    """``function(*args)`` in a worker thread, run to its end even when the caller is
+    cancelled meanwhile; the cancellation is passed on afterwards (after ``undo`` of the
+    result it would have returned, when given)."""
+    task = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+        except BaseException:
+            break  # the thread's own exception: task.result() raises it below
+    result = task.result()
+    if cancelled:
+        if undo is not None:
+            undo(result)
+        raise asyncio.CancelledError
+    return result
+
+
+class AsyncScheduleTools:
+    """The three tools with async handlers: each call is the sync transaction, in a thread."""
+
+    def __init__(self, tools: ScheduleTools) -> None:
+        self.sync = tools
+
+    async def call(self, agent: str, tool: str, args: Any) -> ToolResult:
+        """Run one tool call; every failure becomes a closed-code error value. A call
+        cancelled while it runs finishes first: its answer is then lost, never half-done."""
+        return await settle(self.sync.call, agent, tool, args)
+
+
+class AsyncHostBridge:
+    """The host bridge for an asyncio host (``HostBridge``'s guarantees, awaited)."""
+
+    def __init__(
+        self,
+        bridge: HostBridge,
+        coordination: Coordination,
+        *,
+        client: redis.asyncio.Redis | None,
+        clock: Clock,
+    ) -> None:
+        self.sync = bridge
+        self._coord = coordination
+        self._client = client
+        self._clock = clock
+        self._poked = asyncio.Event()
+        self._checks: list[int] = []  # clock ms of the own checks asked for with ``later``
+        self._longest_block_s = LONGEST_BLOCK_S
+        if client is not None:
+            socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+            if isinstance(socket_timeout, int | float):
+                self._longest_block_s = min(LONGEST_BLOCK_S, float(socket_timeout) / 2)
+
+    @property
+    def queue(self) -> str:
+        return self.sync.queue
+
+    @property
+    def consumer(self) -> str:
+        return self.sync.consumer
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def install(self, agent: str) -> bool:
+        try:
+            return await settle(self.sync.install, agent)
+        finally:
+            self.poke()
+
+    async def renew(self, agents: Sequence[str]) -> list[str]:
+        try:
+            return await settle(self.sync.renew, list(agents))
+        finally:
+            self.poke()
+
+    async def dispose(self, agent: str) -> None:
+        await settle(self.sync.dispose, agent)
+
+    # -- which agents to look at ------------------------------------------------------
+
+    def later(self, agents: Sequence[str], delay_s: float) -> None:
+        """Have ``ready`` name these served agents again ``delay_s`` from now."""
+        self.sync.later(agents, delay_s)
+        self._checks.append(self._clock() + int(delay_s * 1000))
+        self.poke()
+
+    async def recheck_all(self) -> None:
+        """Have ``ready`` name every served agent once more (after a Redis outage)."""
+        await settle(self.sync.recheck_all)
+        self.poke()
+
+    async def ready(self, timeout_s: float) -> list[str]:
+        """The served agents that may have a followup to deliver, each once (what
+        ``HostBridge.ready`` names), waiting up to ``timeout_s`` for the first.
+
+        With a ``redis.asyncio`` client the wait is a blocking ``XREAD`` of the queue's
+        ready stream on the event loop, woken early by the end of a turn, an install, a
+        renewal or ``later``; the agents are then taken with one non-blocking read of the
+        sync bridge in a thread. Agents taken by a call that is cancelled are handed back.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, 0.0)
+        if self._client is None:
+            return await self._take(max(timeout_s, 0.0))
+        while True:
+            self._poked.clear()
+            mark = await self._newest(self._client)
+            found = await self._take(0.0)
+            remaining = deadline - loop.time()
+            if found or remaining <= 0:
+                return found
+            await self._wait(self._client, mark, min(remaining, self._until_check_s()))
+
+    async def _take(self, block_s: float) -> list[str]:
+        return await settle(self.sync.ready, block_s, undo=self._hand_back)
+
+    def _hand_back(self, agents: list[str]) -> None:
+        self.sync.later(agents, 0.0)
+
+    async def _newest(self, client: redis.asyncio.Redis) -> str:
+        """The id of the newest announcement on the ready stream (where to wait from)."""
+        newest: Any = await client.xrevrange(
+            self._coord.keys.ready(self.queue), count=1
+        )
+        if not newest:
+            return READY_START
+        entry_id = newest[0][0]
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    def _until_check_s(self) -> float:
+        """Seconds until the earliest own check asked for with ``later`` (the others have
+        been named by the read that just ran)."""
+        now = self._clock()
+        self._checks = [at for at in self._checks if at > now]
+        if not self._checks:
+            return self._longest_block_s
+        return min(self._longest_block_s, (min(self._checks) - now) / 1000)
+
+    async def _wait(self, client: redis.asyncio.Redis, mark: str, wait_s: float) -> None:
+        """Until an announcement after ``mark``, a poke, or ``wait_s`` seconds."""
+        if wait_s <= 0:
+            return
+        read = asyncio.ensure_future(client.xread(
+            {self._coord.keys.ready(self.queue): mark}, count=1,
+            block=max(int(wait_s * 1000), 1),
+        ))
+        poked = asyncio.ensure_future(self._poked.wait())
+        try:
+            done, _pending = await asyncio.wait(
+                {read, poked}, timeout=wait_s + 1.0, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in (read, poked):
+                if not waiter.done():
+                    waiter.cancel()
+            await asyncio.gather(read, poked, return_exceptions=True)
+        if read in done and not read.cancelled():
+            read.result()  # a Redis error is the caller's to handle
+
+    def poke(self) -> None:
+        """Wake a ``ready`` that is waiting: there is a reason to look again now."""
+        self._poked.set()
+
+    # -- turns ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def turn(self, agent: str, *, wait_s: float = 60.0) -> AsyncIterator[str]:
+        """Hold the agent's turn phase (``HostBridge.turn``): claimed in a thread, renewed
+        in the background, released when the block ends, however it ends. ``TurnBusy``
+        when it cannot be claimed within ``wait_s``."""
+        held = self.sync.turn(agent, wait_s=wait_s)
+        entered: list[str] = []
+
+        def enter() -> str:
+            token = held.__enter__()
+            entered.append(token)
+            return token
+
+        def leave(_token: str) -> None:
+            held.__exit__(None, None, None)
+
+        token = await settle(enter, undo=leave)
+        try:
+            yield token
+        finally:
+            try:
+                await settle(held.__exit__, None, None, None)
+            finally:
+                self.poke()
+
+    # -- the delivery gate ----------------------------------------------------------
+
+    async def waiting(self, agent: str) -> int:
+        """How many followup entries the agent's stream holds."""
+        return await settle(self._coord.followups.waiting, agent)
+
+    async def has_followup(self, agent: str) -> bool:
+        return await settle(self.sync.has_followup, agent)
+
+    async def deliver_next(self, agent: str) -> Delivery | None:
+        """``HostBridge.deliver_next`` in a thread: call it inside ``turn``."""
+        return await settle(self.sync.deliver_next, agent)
+
+    async def deliveries(self, agent: str) -> AsyncIterator[Delivery]:
+        """Every reminder this host can deliver into the agent's session now, each
+        delivered (``turn/start`` and its ``user/message`` appended) as it is asked for;
+        iterate inside ``turn``, and finish each reminder's turn before asking for the
+        next."""
+        while (delivery := await self.deliver_next(agent)) is not None:
+            yield delivery
+
+
+class AsyncAgent:
+    """An agent of an asyncio host with its own tool set (``AsyncAgentHandle``)."""
+
+    def __init__(self, agent_id: str, *, is_root: bool = True) -> None:
+        self._agent_id = agent_id
+        self._is_root = is_root
+        self.tools: dict[str, tuple[ToolDefinition, AsyncToolHandler]] = {}
+
+    @property
+    def agent_id(self) -> str:
+        return self._agent_id
+
+    @property
+    def is_root(self) -> bool:
+        return self._is_root
+
+    def register_tool(self, definition: ToolDefinition, handler: AsyncToolHandler) -> None:
+        self.tools[definition.name] = (definition, handler)
+
+
+class AsyncAgentRegistry:
+    """An ``AsyncAgentEvents`` source: ``await create(agent_id)`` makes an agent and
+    awaits every listener on it (so a loaded plugin has installed on a root agent, and
+    holds its lease, once ``create`` returns)."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[AsyncAgentHandle], Awaitable[None]]] = []
+
+    def on_agent_created(
+        self, listener: Callable[[AsyncAgentHandle], Awaitable[None]]
+    ) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def create(self, agent_id: str, *, is_root: bool = True) -> AsyncAgent:
+        agent = AsyncAgent(agent_id, is_root=is_root)
+        for listener in list(self._listeners):
+            await listener(agent)
+        return agent
+
+
+class _Relay:
+    """The agent-created events the wrapped sync plugin listens to."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[AgentHandle], None]] = []
+
+    def on_agent_created(self, listener: Callable[[AgentHandle], None]) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def publish(self, agent: AgentHandle) -> None:
+        for listener in list(self._listeners):
+            listener(agent)
+
+
+class _Captured:
+    """An agent as the sync plugin sees it: the tools it registers are kept, to be
+    registered on the async agent as async handlers."""
+
+    def __init__(self, agent_id: str, is_root: bool) -> None:
+        self._agent_id = agent_id
+        self._is_root = is_root
+        self.tools: list[tuple[ToolDefinition, ToolHandler]] = []
+
+    @property
+    def agent_id(self) -> str:
+        return self._agent_id
+
+    @property
+    def is_root(self) -> bool:
+        return self._is_root
+
+    def register_tool(self, definition: ToolDefinition, handler: ToolHandler) -> None:
+        self.tools.append((definition, handler))
+
+
+def _async_handler(handler: ToolHandler) -> AsyncToolHandler:
+    async def call(args: Any) -> ToolResult:
+        return await settle(handler, args)
+
+    return call
+
+
+class AsyncSchedulePlugin:
+    """``SchedulePlugin`` for an asyncio host: the same services, the same guarantees.
+
+    ``async_client`` is the ``redis.asyncio`` client ``bridge.ready`` waits with; by
+    default one is made from ``settings.redis_url`` (and closed by ``dispose``), except on
+    the embedded Redis, where the wait runs in a worker thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: SessionStore | None,
+        coordination: Coordination | None,
+        settings: Settings | None,
+        clock: Clock = wall_clock_ms,
+        consumer: str | None = None,
+        async_client: redis.asyncio.Redis | None = None,
+    ) -> None:
+        self.sync = SchedulePlugin(
+            store=store, coordination=coordination, settings=settings, clock=clock,
+            consumer=consumer,
+        )
+        if store is None or coordination is None or settings is None:  # raised above
+            raise CompositionError("the Schedule plugin needs its services")
+        self.settings = settings
+        self.coordination = coordination
+        self.store = store
+        self.clock = clock
+        self._own_client = False
+        if async_client is None and settings.redis_url and not is_embedded(coordination.client):
+            async_client = redis.asyncio.Redis.from_url(settings.redis_url)
+            self._own_client = True
+        self._client = async_client
+        self.tools = AsyncScheduleTools(self.sync.tools)
+        self.bridge = AsyncHostBridge(
+            self.sync.bridge, coordination, client=async_client, clock=clock
+        )
+        self._relay = _Relay()
+        self.sync.load(self._relay)
+        self._unsubscribe: Callable[[], None] | None = None
+
+    @property
+    def installed(self) -> list[str]:
+        return self.sync.installed
+
+    def load(self, events: AsyncAgentEvents) -> None:
+        """Start listening for agents created from now on (earlier ones, and children,
+        never receive Schedule)."""
+        self._unsubscribe = events.on_agent_created(self._on_agent_created)
+
+    async def _on_agent_created(self, agent: AsyncAgentHandle) -> None:
+        if not agent.is_root:
+            return
+        captured = _Captured(agent.agent_id, agent.is_root)
+        try:
+            await settle(self._relay.publish, captured)  # registers, then grants the lease
+        finally:
+            for definition, handler in captured.tools:
+                agent.register_tool(definition, _async_handler(handler))
+            self.bridge.poke()
+
+    async def renew_leases(self) -> list[str]:
+        """``SchedulePlugin.renew_leases`` in a thread."""
+        try:
+            return await settle(self.sync.renew_leases)
+        finally:
+            self.bridge.poke()
+
+    async def health(self) -> status.Health:
+        return await settle(self.sync.health)
+
+    async def dispose(self) -> None:
+        """Stop listening, forget every installed agent in Redis (logs untouched), and
+        close the async client this plugin made."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        try:
+            await settle(self.sync.dispose)
+        finally:
+            if self._own_client and self._client is not None:
+                await self._client.aclose()
+
+    # -- the followup loop ------------------------------------------------------------
+
+    async def serve(
+        self, on_delivery: DeliveryHandler, stop: asyncio.Event, *, poll_s: float = BLOCK_S
+    ) -> None:
+        """Deliver every installed agent's reminders until ``stop`` is set.
+
+        Renews the leases every ``lease_renew_s``; waits on ``bridge.ready`` (at most
+        ``poll_s`` at a time, so ``stop`` is noticed within it); for each agent it names
+        that has an entry this host can take, holds its turn and awaits
+        ``on_delivery(agent, delivery)`` for each reminder delivered into the session —
+        the handler runs the model on ``delivery.text`` and appends the rest of that turn
+        (``step/start`` … ``turn/end``, each with ``"turn": delivery.turn``). An agent
+        whose turn or lock is busy is looked at again a second later. Through a Redis
+        outage it keeps running, says once that Redis went away and once that it is
+        back, then renews every lease first and looks at every agent once more
+        (docs/architecture.md#outages).
+        """
+        outage = Outage(log, "async host")
+        next_renew = 0.0
+        recheck = False
+        while not stop.is_set():
+            try:
+                if time.monotonic() >= next_renew:
+                    await self.renew_leases()
+                    next_renew = time.monotonic() + self.settings.lease_renew_s
+                if recheck:
+                    await self.bridge.recheck_all()
+                    recheck = False
+                wait_s = min(poll_s, max(next_renew - time.monotonic(), 0.0))
+                agents = await self.bridge.ready(wait_s)
+                for index, agent in enumerate(agents):
+                    if stop.is_set():
+                        self.bridge.later(agents[index:], 0.0)
+                        break
+                    try:
+                        with log_context(agent=agent):
+                            await self._serve_one(agent, on_delivery)
+                    except (redis.ConnectionError, redis.TimeoutError):
+                        self.bridge.later(agents[index:], 0.0)
+                        raise
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                next_renew = 0.0  # renew first thing once Redis is back
+                recheck = True
+                try:
+                    await asyncio.wait_for(stop.wait(), outage.failed(exc))
+                except TimeoutError:
+                    pass
+                continue
+            outage.succeeded()
+
+    async def _serve_one(self, agent: str, on_delivery: DeliveryHandler) -> None:
+        bridge = self.bridge
+        stale_s = self.settings.followup_stale_s
+        if agent not in self.installed or await bridge.waiting(agent) == 0:
+            return
+        try:
+            if not await bridge.has_followup(agent):
+                bridge.later([agent], stale_s)  # another consumer holds it, until stale
+                return
+            async with bridge.turn(agent, wait_s=TURN_WAIT_S):
+                async for delivery in bridge.deliveries(agent):
+                    await on_delivery(agent, delivery)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except (TurnBusy, LockUnavailable):
+            bridge.later([agent], BUSY_RETRY_S)
+            return
+        except Exception:
+            log.exception("delivering followups for %s failed", agent)
+            bridge.later([agent], stale_s)
+            return
+        if await bridge.waiting(agent):
+            bridge.later([agent], stale_s)

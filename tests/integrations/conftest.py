@@ -1,0 +1,19 @@
+"""An asyncio plugin on the embedded Redis, for the adapters' in-process tests."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+
+from dsh_schedule.host.aio import AsyncSchedulePlugin
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
+
+
+@pytest.fixture
+def plugin(settings: Settings) -> AsyncSchedulePlugin:
+    return AsyncSchedulePlugin(
+        store=JsonlStore(settings.sessions), settings=settings,
+        coordination=Coordination(fakeredis.FakeRedis(), settings),
+    )

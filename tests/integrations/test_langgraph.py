@@ -1,0 +1,170 @@
+"""The LangGraph adapter in process: tools built from the catalog, the model's arguments
+reaching the parser untouched, the thread binding, and a graph run recorded so that the
+host contract holds at the tool call (docs/architecture.md#local-times-without-a-zone)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+from dsh_schedule.host.aio import AsyncSchedulePlugin
+from dsh_schedule.integrations.langgraph import run_user_turn, schedule_tools
+from dsh_schedule.integrations.session import time_context_reading
+from dsh_schedule.shared.core.catalog import tool_definitions
+from dsh_schedule.shared.core.events import SessionHeader
+
+ZONE = "Europe/Berlin"
+
+
+class CallsThenAnswers(BaseChatModel):
+    """Makes the tool calls it is given once, then answers with the tool results."""
+
+    calls: list[dict[str, Any]]
+    fail: bool = False
+
+    @property
+    def _llm_type(self) -> str:
+        return "calls-then-answers"
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        if self.fail:
+            raise RuntimeError("the model is down")
+        if isinstance(messages[-1], ToolMessage):
+            results = [m for m in messages if isinstance(m, ToolMessage)]
+            text = json.dumps([[m.status, json.loads(m.content)] for m in results])
+            reply = AIMessage(content=text)
+        else:
+            reply = AIMessage(content="", tool_calls=[
+                {"id": f"call-{i}", "name": c["name"], "args": c["args"]}
+                for i, c in enumerate(self.calls)])
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def graph_for(tools: list[Any], model: BaseChatModel) -> Any:
+    async def call_model(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", call_model)
+    builder.add_node("tools", ToolNode(tools))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def tomorrow() -> str:
+    return (datetime.now(ZoneInfo(ZONE)) + timedelta(days=1)).date().isoformat()
+
+
+def test_the_tools_carry_the_catalog_schemas(plugin: AsyncSchedulePlugin) -> None:
+    tools = schedule_tools(plugin, "s1")
+    exported = [convert_to_openai_tool(tool)["function"] for tool in tools]
+    assert [f["name"] for f in exported] == [d.name for d in tool_definitions()]
+    for function, definition in zip(exported, tool_definitions(), strict=True):
+        parameters = dict(function["parameters"])
+        parameters.pop("description", None)  # LangChain copies the description in
+        assert parameters == definition.input_schema
+        assert function["description"] == definition.description
+
+
+def test_a_call_reaches_the_parser_as_the_model_sent_it(plugin: AsyncSchedulePlugin) -> None:
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    create, listing, _delete = schedule_tools(plugin, "s1")
+
+    async def scenario() -> tuple[ToolMessage, ToolMessage, ToolMessage]:
+        two_selectors = await create.ainvoke({
+            "type": "tool_call", "id": "c1", "name": "schedule_create",
+            "args": {"prompt": "x", "after_seconds": 60, "every_seconds": None}})
+        made = await create.ainvoke({
+            "type": "tool_call", "id": "c2", "name": "schedule_create",
+            "args": {"prompt": "x", "after_seconds": 60}})
+        listed = await listing.ainvoke({
+            "type": "tool_call", "id": "c3", "name": "schedule_list", "args": {}})
+        return two_selectors, made, listed
+
+    refused, made, listed = asyncio.run(scenario())
+    # a selector given as null still counts: LangChain did not drop or fill anything in
+    assert refused.status == "error"
+    assert json.loads(refused.content)["code"] == "invalid_selector"
+    assert made.status == "success"
+    assert json.loads(made.content)["id"] == "schedule-1"
+    assert [v["id"] for v in json.loads(listed.content)] == ["schedule-1"]
+
+
+def test_an_unbound_tool_takes_the_thread_of_the_run(plugin: AsyncSchedulePlugin) -> None:
+    for session in ("t1", "t2"):
+        plugin.store.create(SessionHeader(id=session, createdAt=0))
+    create = schedule_tools(plugin)[0]
+    call = {"type": "tool_call", "id": "c", "name": "schedule_create",
+            "args": {"prompt": "x", "after_seconds": 60}}
+
+    async def scenario() -> list[ToolMessage]:
+        return [
+            await create.ainvoke(call, {"configurable": {"thread_id": "t2"}}),
+            await create.ainvoke(call),
+        ]
+
+    in_t2, nowhere = asyncio.run(scenario())
+    assert in_t2.status == "success"
+    assert [e.type for e in plugin.store.read("t2").events] == ["schedule/change"]
+    assert list(plugin.store.read("t1").events) == []
+    assert nowhere.status == "error"
+    assert "no thread_id" in nowhere.content
+
+
+@pytest.mark.parametrize("confirmed", [True, False])
+def test_a_recorded_run_confirms_a_local_time_only_with_a_reading(
+        plugin: AsyncSchedulePlugin, confirmed: bool) -> None:
+    # given a session in Berlin and a model that asks for 9:00 tomorrow without a zone
+    plugin.store.create(SessionHeader(id="s1", createdAt=0, timeZone=ZONE))
+    model = CallsThenAnswers(calls=[{"name": "schedule_create", "args": {
+        "prompt": "call the office", "at": {"date": tomorrow(), "time": "09:00:00"}}}])
+    graph = graph_for(schedule_tools(plugin, "s1"), model)
+
+    # when a person in Berlin asks, with or without a time-context reading in the turn
+    reading = time_context_reading(0, ZONE) if confirmed else None
+    output = asyncio.run(run_user_turn(graph, plugin, "s1", "Call the office at 9 tomorrow",
+                                       client_time_zone=ZONE, time_context=reading))
+
+    # then the call is accepted only when the recorded turn confirms the zone
+    [[status, value]] = json.loads(output["messages"][-1].content)
+    if confirmed:
+        assert (status, value["kind"]) == ("success", "at")
+    else:
+        assert (status, value["code"]) == ("error", "timezone_confirmation_required")
+        assert value["clientTimeZones"] == []
+    kinds = [e.type for e in plugin.store.read("s1").events]
+    assert kinds[-2:] == ["step/end", "turn/end"]
+    assert kinds.count("tool/result") == 1
+
+
+def test_a_failed_run_still_ends_its_turn_in_the_log(plugin: AsyncSchedulePlugin) -> None:
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    graph = graph_for(schedule_tools(plugin, "s1"), CallsThenAnswers(calls=[], fail=True))
+
+    with pytest.raises(RuntimeError, match="the model is down"):
+        asyncio.run(run_user_turn(graph, plugin, "s1", "hello"))
+
+    kinds = [e.type for e in plugin.store.read("s1").events]
+    assert kinds == ["turn/start", "user/message", "step/start", "step/end", "turn/end"]
+
+    # and the turn phase was released: the next turn starts at once
+    async def next_turn() -> None:
+        async with plugin.bridge.turn("s1", wait_s=0.5):
+            pass
+
+    asyncio.run(next_turn())

@@ -1,0 +1,143 @@
+"""The Pydantic AI adapter in process: tools from the catalog's schemas, sequential, the
+agent id from the run's dependencies, error values as failed tool results, the host
+contract recorded before the tool call, and the thread's history carried between runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from dsh_schedule.host.aio import AsyncSchedulePlugin
+from dsh_schedule.integrations.pydantic_ai import (
+    InMemoryHistory,
+    ScheduleDeps,
+    run_user_turn,
+    schedule_tools,
+)
+from dsh_schedule.integrations.session import time_context_reading
+from dsh_schedule.shared.core.catalog import tool_definitions
+from dsh_schedule.shared.core.events import SessionHeader
+
+ZONE = "Europe/Berlin"
+
+
+def calls_then_reports(*calls: tuple[str, dict[str, object]]) -> FunctionModel:
+    """A model that makes ``calls`` in its first response, then reports every tool
+    result it got as ``[[outcome, content], …]``, and on later prompts counts the
+    messages it was shown."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        last = messages[-1]
+        returns = [p for p in last.parts if isinstance(p, ToolReturnPart)] \
+            if isinstance(last, ModelRequest) else []
+        if returns:
+            report = [[p.outcome, p.model_response_str(wrap_if_error=False)] for p in returns]
+            return ModelResponse(parts=[TextPart(json.dumps(report))])
+        if len(messages) > 1:
+            return ModelResponse(parts=[TextPart(f"seen {len(messages)} messages")])
+        return ModelResponse(parts=[ToolCallPart(name, args) for name, args in calls])
+
+    return FunctionModel(respond)
+
+
+def test_the_tools_carry_the_catalog_schemas_and_run_sequentially(
+        plugin: AsyncSchedulePlugin) -> None:
+    tools = schedule_tools(plugin)
+    assert [t.name for t in tools] == [d.name for d in tool_definitions()]
+    for tool, definition in zip(tools, tool_definitions(), strict=True):
+        assert tool.function_schema.json_schema == definition.input_schema
+        assert tool.description == definition.description
+        assert tool.sequential is True
+        assert tool.takes_ctx is True
+
+
+def test_the_agent_id_comes_from_the_runs_dependencies(plugin: AsyncSchedulePlugin) -> None:
+    for session in ("a", "b"):
+        plugin.store.create(SessionHeader(id=session, createdAt=0))
+    model = calls_then_reports(("schedule_create", {"prompt": "x", "after_seconds": 60}))
+    agent = Agent(model, deps_type=ScheduleDeps, tools=schedule_tools(plugin))
+
+    asyncio.run(agent.run("remind me", deps=ScheduleDeps("b")))
+
+    assert list(plugin.store.read("a").events) == []
+    assert [e.type for e in plugin.store.read("b").events] == ["schedule/change"]
+
+
+def test_arguments_arrive_as_sent_and_errors_are_failed_results(
+        plugin: AsyncSchedulePlugin) -> None:
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    model = calls_then_reports(
+        ("schedule_create", {"prompt": "x", "after_seconds": 60, "every_seconds": None}),
+        ("schedule_create", {"prompt": "x", "after_seconds": 60}),
+        ("schedule_list", {}),
+    )
+    agent = Agent(model, deps_type=ScheduleDeps, tools=schedule_tools(plugin))
+
+    result = asyncio.run(run_user_turn(agent, plugin, ScheduleDeps("s1"), "remind me",
+                                       history=InMemoryHistory()))
+
+    (refused, refused_content), (made, made_content), (listed, listed_content) = \
+        json.loads(result.output)
+    assert (refused, json.loads(refused_content)["code"]) == ("failed", "invalid_selector")
+    assert (made, json.loads(made_content)["id"]) == ("success", "schedule-1")
+    assert (listed, [v["id"] for v in json.loads(listed_content)]) == ("success",
+                                                                         ["schedule-1"])
+    # sequential: the calls ran, and were recorded, in the order the model made them
+    results = [e.data for e in plugin.store.read("s1").events if e.type == "tool/result"]
+    assert [r["isError"] for r in results] == [True, False, False]
+
+
+@pytest.mark.parametrize("client_zone", [ZONE, "Europe/Lisbon"])
+def test_a_recorded_run_confirms_a_local_time_from_the_persons_zone(
+        plugin: AsyncSchedulePlugin, client_zone: str) -> None:
+    plugin.store.create(SessionHeader(id="s1", createdAt=0, timeZone=ZONE))
+    day = (datetime.now(ZoneInfo(ZONE)) + timedelta(days=1)).date().isoformat()
+    model = calls_then_reports(("schedule_create", {
+        "prompt": "call the office", "at": {"date": day, "time": "09:00:00"}}))
+    agent = Agent(model, deps_type=ScheduleDeps, tools=schedule_tools(plugin))
+
+    result = asyncio.run(run_user_turn(
+        agent, plugin, ScheduleDeps("s1"), "Call the office at 9 tomorrow",
+        history=InMemoryHistory(), client_time_zone=client_zone,
+        time_context=time_context_reading(0, client_zone)))
+
+    [[outcome, content]] = json.loads(result.output)
+    if client_zone == ZONE:
+        assert (outcome, json.loads(content)["kind"]) == ("success", "at")
+    else:
+        assert outcome == "failed"
+        assert json.loads(content)["code"] == "timezone_confirmation_required"
+        assert json.loads(content)["clientTimeZones"] == ["Europe/Lisbon"]
+    kinds = [e.type for e in plugin.store.read("s1").events]
+    assert kinds[:4] == ["turn/start", "user/message", "user/message", "step/start"]
+    assert kinds[-2:] == ["step/end", "turn/end"]
+
+
+def test_the_history_is_carried_from_run_to_run(plugin: AsyncSchedulePlugin) -> None:
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    agent = Agent(calls_then_reports(("schedule_list", {})), deps_type=ScheduleDeps,
+                  tools=schedule_tools(plugin))
+    history = InMemoryHistory()
+
+    async def two_turns() -> str:
+        await run_user_turn(agent, plugin, ScheduleDeps("s1"), "list", history=history)
+        second = await run_user_turn(agent, plugin, ScheduleDeps("s1"), "again",
+                                     history=history)
+        return str(second.output)
+
+    assert asyncio.run(two_turns()) == "seen 5 messages"
+    assert len(asyncio.run(history.load("s1"))) == 6
