@@ -24,6 +24,7 @@ import math
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from types import FrameType
 from typing import Final
@@ -42,6 +43,10 @@ from dsh_schedule.shared.settings import Settings
 log = logging.getLogger(__name__)
 
 CHECK_BATCH: Final = 1_000  # agents per pipelined projection check
+# Each pass checks the projection of new agents and of one of these slices of the rest, so
+# a live agent's projection is read every PROJECTION_SLICES passes (2 min by default), and
+# an idle deployment's reconcile reads a quarter of its agents per pass.
+PROJECTION_SLICES: Final = 4
 MIN_PAUSE_S: Final = 0.01  # the shortest pause between two mover passes
 
 
@@ -110,6 +115,8 @@ class Reconciler:
         self._coord = coord
         self._settings = settings
         self._seen: set[str] = set()
+        self._pass = 0  # reconcile passes so far: which projection slice to check
+        self._with_followups: set[str] = set()  # agents last seen holding followups
         self._sweep_after: str | None = None  # the last agent id the sweep woke
         self._sweep_owed = 0.0  # agents the sweep owes, from the time passed
         self._last_pass_ms: int | None = None
@@ -142,18 +149,24 @@ class Reconciler:
         new: list[str] = []
         stale_wakes: list[str] = []
         stale_followups: list[str] = []
-        with_followups: list[str] = []
-        for start in range(0, len(live), CHECK_BATCH):
-            batch = live[start : start + CHECK_BATCH]
+        self._pass += 1
+        checked = [a for a in live
+                   if a not in self._seen or _slice_of(a) == self._pass % PROJECTION_SLICES]
+        for start in range(0, len(checked), CHECK_BATCH):
+            batch = checked[start : start + CHECK_BATCH]
             for agent, found in zip(batch, coord.projections(batch), strict=True):
                 if found.wake is None and agent not in self._seen:
                     new.append(agent)
                 if found.wake is not None and not found.wake_held:
                     stale_wakes.append(agent)
-                if found.oldest_followup_ms is not None:
-                    with_followups.append(agent)
+                if found.oldest_followup_ms is None:
+                    self._with_followups.discard(agent)
+                else:
+                    self._with_followups.add(agent)
                     if server_ms - found.oldest_followup_ms >= stale_after_ms:
                         stale_followups.append(agent)
+        self._with_followups.intersection_update(live)
+        with_followups = sorted(self._with_followups)
         swept = self._sweep(live, now_ms)
         woken = list(dict.fromkeys([*new, *stale_wakes, *stale_followups, *swept]))
         coord.trigger_many(woken)
@@ -218,6 +231,11 @@ class Reconciler:
         swept = ordered[:take]
         self._sweep_after = swept[-1]
         return swept
+
+
+def _slice_of(agent: str) -> int:
+    """The projection-check slice an agent belongs to (stable across processes)."""
+    return zlib.crc32(agent.encode()) % PROJECTION_SLICES
 
 
 class SchedulerLoop:

@@ -4,6 +4,7 @@ agent, retire ended ones."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 import redis
@@ -12,7 +13,12 @@ from rq.job import Job
 
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.bridge import HostBridge
-from dsh_schedule.scheduler.process import Reconciler, rebuild
+from dsh_schedule.scheduler.process import (
+    PROJECTION_SLICES,
+    Reconciler,
+    ReconcileReport,
+    rebuild,
+)
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Pair
 from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
@@ -179,7 +185,7 @@ def test_a_reconcile_pass_wakes_only_the_agents_whose_projection_is_missing_or_s
     clock.advance(30)
     system.host.plugin.renew_leases()
 
-    report = reconciler.reconcile(now_ms=clock())
+    report = _every_slice(reconciler, now_ms=clock())
 
     assert report.new == ("new",)
     assert report.stale_wakes == ("lost-job",)
@@ -190,12 +196,12 @@ def test_a_reconcile_pass_wakes_only_the_agents_whose_projection_is_missing_or_s
     assert sorted(_woken(system.queue)) == ["lost-job", "new", "stale-followup"]
     # and once the wakes ran, the next pass finds everything in order
     coord.leases.grant("new", quick.queue, now_ms=clock(), ttl_s=60)
-    reconciler.reconcile(now_ms=clock())  # wakes the three again: the queue was emptied
+    _every_slice(reconciler, now_ms=clock())  # wakes the three again: the queue was emptied
     system.step()
     clock.advance(30)
     system.host.plugin.renew_leases()
     coord.leases.grant("new", quick.queue, now_ms=clock(), ttl_s=60)
-    again = reconciler.reconcile(now_ms=clock())
+    again = _every_slice(reconciler, now_ms=clock())
     assert again.new == again.stale_wakes == again.stale_followups == ()
 
 
@@ -293,9 +299,48 @@ def test_a_wake_whose_job_vanished_is_repaired_by_the_next_pass_and_delivered_on
     system.step()
     assert reminder_texts(system.store, "s1") == []
 
-    report = reconciler.reconcile(now_ms=clock())
+    report = _every_slice(reconciler, now_ms=clock())
     system.step()
     system.step()
 
     assert report.stale_wakes == ("s1",) and report.swept == ()
     assert len(reminder_texts(system.store, "s1")) == 1
+
+
+def _every_slice(reconciler: Reconciler, *, now_ms: int) -> ReconcileReport:
+    """As many passes as it takes to check every live agent's projection once (at one
+    instant, so the sweep takes nothing), their findings together."""
+    reports = [reconciler.reconcile(now_ms=now_ms) for _ in range(PROJECTION_SLICES)]
+
+    def joined(field: str) -> tuple[str, ...]:
+        return tuple(a for r in reports for a in getattr(r, field))
+
+    return ReconcileReport(
+        woken=joined("woken"), retired=joined("retired"), checked=reports[-1].checked,
+        new=joined("new"), stale_wakes=joined("stale_wakes"),
+        stale_followups=joined("stale_followups"), swept=joined("swept"),
+    )
+
+
+def test_a_pass_reads_the_projection_of_new_agents_and_of_one_slice_of_the_rest(
+    coordination: Coordination, settings: Settings
+) -> None:
+    """An idle deployment's reconcile reads each agent once every few passes, not every
+    pass: its cost per pass is a share of the live agents."""
+    clock = FakeClock()
+    agents = [f"agent-{i:03d}" for i in range(200)]
+    coordination.leases.grant_many(agents, settings.queue, now_ms=clock(), ttl_s=600)
+    reconciler = Reconciler(coordination, settings)
+    reconciler.rebuild(now_ms=clock())
+    read: list[int] = []
+    original = coordination.projections
+
+    def counting(batch: list[str]) -> list[Any]:
+        read.append(len(batch))
+        return original(batch)
+
+    coordination.projections = counting  # type: ignore[method-assign]
+    for _ in range(PROJECTION_SLICES):
+        reconciler.reconcile(now_ms=clock())
+    assert sum(read) == len(agents)  # every agent once over the slices
+    assert max(read) < len(agents)  # never all of them in one pass
