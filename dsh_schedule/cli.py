@@ -182,6 +182,12 @@ def _seconds_arg(text: str) -> float:
     return seconds
 
 
+def _port_arg(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port from 0 to 65535")
+    return int(text)
+
+
 def _count_arg(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) > 10_000:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 10000")
@@ -401,6 +407,61 @@ def cmd_host(args: argparse.Namespace) -> int:
     finally:
         host.close()
     return 0
+
+
+# -- the web console --------------------------------------------------------------------
+
+WEB_MODULES: Final = ("fastapi", "starlette", "uvicorn", "jinja2")
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """The web console (docs/web.md): embedded without a Redis URL, else a host of the
+    deployment that Redis coordinates."""
+    import os
+    import tempfile
+
+    _stop_while_starting()
+    settings = _settings(args)
+    scratch: tempfile.TemporaryDirectory[str] | None = None
+    if settings.redis_url:
+        _await_redis(settings.redis_url, args.redis_wait, verbose=args.verbose)
+    elif args.sessions is None and "DSH_SCHEDULE_SESSIONS" not in os.environ:
+        # Embedded and no directory named: the sessions live as long as the console.
+        scratch = tempfile.TemporaryDirectory(prefix="dsh-web-")
+        args.sessions = Path(scratch.name) / "sessions"
+        settings = _settings(args)
+    try:
+        from dsh_schedule.web.console import Console
+        from dsh_schedule.web.server import WebServer
+    except ModuleNotFoundError as exc:
+        if exc.name not in WEB_MODULES:
+            raise
+        raise CommandError(
+            f"web: needs the web extra ({exc.name} is missing): "
+            "pip install 'dsh-tool-schedule[web]'"
+        ) from None
+    try:
+        server = WebServer(Console(settings), host=args.bind, port=args.port)
+    except OSError as exc:
+        raise CommandError(
+            f"web: cannot listen on {args.bind}:{args.port} ({exc.strerror or exc})"
+        ) from None
+    where = (f"a host on Redis {_where_url(settings.redis_url)}, queue {settings.queue!r}"
+             if settings.redis_url else "embedded Redis, worker and mover in this process")
+    print(f"dsh-schedule web: {server.url} ({where}; sessions in {settings.sessions})",
+          flush=True)
+    try:
+        server.serve()
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    return 0
+
+
+def _where_url(url: str) -> str:
+    import redis
+
+    return _where(redis.Redis.from_url(url))
 
 
 # -- operations -----------------------------------------------------------------------
@@ -659,6 +720,15 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     _metrics_flags(p)
     p.add_argument("sessions_to_host", nargs="+", metavar="SESSION")
     p.set_defaults(func=cmd_host)
+
+    p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
+                       "(embedded without a Redis URL)")
+    _common(p)
+    p.add_argument("--port", type=_port_arg, default=8321, metavar="PORT",
+                   help="the port to listen on (default: 8321; 0: any free port)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="the address to listen on (default: 127.0.0.1)")
+    p.set_defaults(func=cmd_web)
 
     p = sub.add_parser("status", help="live agents, wakes, followups, workers and the "
                        "scheduler heartbeat")

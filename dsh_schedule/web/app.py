@@ -1,0 +1,274 @@
+"""The web console's pages, fragments and live streams (FastAPI).
+
+Pages are rendered on the server from Jinja templates with autoescaping on: every text a
+person or a model wrote reaches the browser as text, never as markup. Live parts of a
+page are fed by server-sent events whose data are fragments rendered by the same
+templates; the vendored script (``static/htmx.min.js``) posts the forms and polls the
+operations figures, and ``static/console.js`` connects the streams, fills in the
+browser's time zone and runs the countdowns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qs, quote, urlsplit
+
+import jinja2
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+
+from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
+from dsh_schedule.status import Status
+from dsh_schedule.web import model
+from dsh_schedule.web.console import Console, ConsoleError
+
+HERE: Final = Path(__file__).resolve().parent
+TEMPLATES: Final = HERE / "templates"
+STATIC: Final = HERE / "static"
+
+POLL_S: Final = 0.2  # how often a live stream looks at the logs
+REFRESH_S: Final = 5.0  # a live stream re-sends its fragments at least this often
+MAX_FORM_BYTES: Final = 64 * 1024
+_LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
+
+
+def template_environment() -> jinja2.Environment:
+    """The templates, with autoescaping on for every template (never ``|safe`` on what a
+    person or a model wrote)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["urlpart"] = lambda text: quote(str(text), safe="")
+    env.filters["clock"] = lambda ms, zone=None: model.local_text(int(ms), zone)
+    env.filters["instant"] = _instant
+    env.filters["seconds"] = _seconds
+    return env
+
+
+def _instant(ms: int) -> str:
+    return format_instant(min(max(int(ms), MIN_MS), MAX_MS))
+
+
+def _seconds(ms: float | None) -> str:
+    if ms is None:
+        return "—"
+    return f"{ms / 1000:.2f} s" if abs(ms) < 10_000 else f"{ms / 1000:.0f} s"
+
+
+def sse(event: str, data: str) -> str:
+    """One server-sent event; each line of ``data`` is a ``data:`` line (the browser
+    joins them with line feeds)."""
+    lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
+    return f"event: {event}\n{lines}\n"
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An ``application/x-www-form-urlencoded`` body (what the console's forms post)."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise ConsoleError("the form is too large")
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True,
+                          strict_parsing=False, max_num_fields=20)
+    except (UnicodeDecodeError, ValueError):
+        raise ConsoleError("the form could not be read") from None
+    return {name: values[-1] for name, values in fields.items()}
+
+
+def _same_origin(request: Request) -> bool:
+    """A form post from a page of another site is refused: the console acts for whoever
+    can reach it, so it takes input only from its own pages."""
+    if request.headers.get("sec-fetch-site") == "cross-site":
+        return False
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return urlsplit(origin).netloc == request.headers.get("host")
+
+
+def create_app(console: Console) -> FastAPI:
+    app = FastAPI(title="dsh-schedule web console", docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    env = template_environment()
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    def render(name: str, **context: Any) -> str:
+        return env.get_template(name).render(
+            mode=console.mode, sessions_dir=str(console.settings.sessions), **context
+        )
+
+    def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        return HTMLResponse(render(name, **context), status_code=status_code,
+                            headers={"Cache-Control": "no-store"})
+
+    @app.exception_handler(PersistenceError)
+    @app.exception_handler(ScheduleLogError)
+    async def unreadable(request: Request, exc: Exception) -> HTMLResponse:
+        """A log that cannot be read: say so, never show it as empty."""
+        return page("problem.html", 500, nav="sessions", problem=str(exc))
+
+    def refused() -> PlainTextResponse:
+        return PlainTextResponse("refused: a form of another site", status_code=403)
+
+    async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
+        return await run_in_threadpool(function, *args)
+
+    # -- sessions ---------------------------------------------------------------------
+
+    async def sessions_page(error: str | None = None, form_id: str = "",
+                            form_zone: str = "", status_code: int = 200) -> HTMLResponse:
+        summaries = await in_thread(console.summaries)
+        return page("sessions.html", status_code, nav="sessions", summaries=summaries,
+                    error=error, form_id=form_id, form_zone=form_zone)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return await sessions_page()
+
+    @app.post("/sessions", response_model=None)
+    async def create_session(request: Request) -> Response:
+        if not _same_origin(request):
+            return refused()
+        form: dict[str, str] = {}
+        try:
+            form = await _form(request)
+            created = await in_thread(console.create_session, form.get("id", ""),
+                                      form.get("timeZone", "").strip())
+        except ConsoleError as exc:
+            return await sessions_page(str(exc), form_id=form.get("id", "")[:64],
+                                       form_zone=form.get("timeZone", "")[:64],
+                                       status_code=400)
+        return RedirectResponse(f"/session/{quote(created, safe='')}", status_code=303)
+
+    @app.get("/stream/sessions")
+    async def stream_sessions(request: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            last: Any = None
+            since = 0.0
+            yield "retry: 1000\n\n"
+            while not console.closing:
+                signature = await in_thread(console.signature)
+                if signature != last or since >= REFRESH_S:
+                    last, since = signature, 0.0
+                    summaries = await in_thread(console.summaries)
+                    yield sse("sessions", render("_sessions_table.html", summaries=summaries))
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(POLL_S)
+                since += POLL_S
+
+        return _stream(events())
+
+    # -- one session ------------------------------------------------------------------
+
+    @app.get("/session/{session_id:path}", response_class=HTMLResponse)
+    async def session(session_id: str) -> HTMLResponse:
+        if not console.exists(session_id):
+            return page("missing.html", 404, nav="sessions", session_id=session_id)
+        view = await in_thread(console.session_page, session_id)
+        return page("session.html", nav="session", page=view, help=model.HELP)
+
+    @app.post("/prompt/{session_id:path}", response_model=None)
+    async def prompt(session_id: str, request: Request) -> Response:
+        if not _same_origin(request):
+            return refused()
+        htmx = request.headers.get("hx-request") == "true"
+        try:
+            form = await _form(request)
+            await in_thread(console.prompt, session_id, form.get("text", ""),
+                            form.get("clientTimeZone") or None)
+        except ConsoleError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        if not htmx:
+            return RedirectResponse(f"/session/{quote(session_id, safe='')}", status_code=303)
+        view = await in_thread(console.session_page, session_id)
+        return HTMLResponse(render("_transcript.html", page=view))
+
+    @app.get("/stream/session/{session_id:path}", response_model=None)
+    async def stream_session(session_id: str, request: Request) -> Response:
+        if not console.exists(session_id):
+            return PlainTextResponse("no such session", status_code=404)
+
+        async def events() -> AsyncIterator[str]:
+            last = -1
+            since = 0.0
+            yield "retry: 1000\n\n"
+            while not console.closing:
+                try:
+                    length = await in_thread(console.length, session_id)
+                    view = (await in_thread(console.session_page, session_id)
+                            if length != last or since >= REFRESH_S else None)
+                except (PersistenceError, ScheduleLogError):
+                    view = None  # the page said why; look again at the next poll
+                if view is not None:
+                    if length != last:
+                        yield sse("transcript", render("_transcript.html", page=view))
+                        yield sse("receipts", render("_receipts.html", page=view))
+                    yield sse("reminders", render("_reminders.html", page=view))
+                    last, since = length, 0.0
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(POLL_S)
+                since += POLL_S
+
+        return _stream(events())
+
+    # -- operations -------------------------------------------------------------------
+
+    async def figures() -> dict[str, Any]:
+        status = await in_thread(console.status)
+        lateness = await in_thread(console.lateness)
+        return {
+            "status": status if isinstance(status, Status) else None,
+            "status_error": status if isinstance(status, str) else None,
+            "status_json": (msgspec.json.format(msgspec.json.encode(status)).decode()
+                            if isinstance(status, Status) else ""),
+            "lateness": lateness,
+            "embedded": console.embedded,
+            "step_age_s": console.step_age_s(),
+            "stepping_ok": console.stepping_ok(),
+            "deliveries": console.deliveries,
+        }
+
+    @app.get("/operations", response_class=HTMLResponse)
+    async def operations() -> HTMLResponse:
+        return page("operations.html", nav="operations", **await figures())
+
+    @app.get("/operations/figures", response_class=HTMLResponse)
+    async def operations_figures() -> HTMLResponse:
+        return HTMLResponse(render("_figures.html", **await figures()),
+                            headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/status", response_model=None)
+    async def api_status() -> Response:
+        """What ``dsh-schedule status --json`` prints."""
+        status = await in_thread(console.status)
+        if isinstance(status, str):
+            return JSONResponse({"error": status}, status_code=503)
+        return Response(msgspec.json.encode(status), media_type="application/json")
+
+    return app
+
+
+def _stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -1,0 +1,116 @@
+// The web console's own script (docs/web.md): the browser's time zone into the forms,
+// the live parts of a page fed by server-sent events, and the countdowns. Every fragment
+// it inserts was rendered, and escaped, by the server; it never builds markup from text.
+(function () {
+  "use strict";
+
+  function browserZone() {
+    try {
+      return Intl.DateTimeFormat().resolvedOptions().timeZone || "";
+    } catch (error) {
+      return "";
+    }
+  }
+
+  function fillZones(root) {
+    var zone = browserZone();
+    root.querySelectorAll("input[data-browser-zone]").forEach(function (input) {
+      if (!input.value) {
+        input.value = zone;
+        input.setAttribute("value", zone);
+      }
+    });
+    root.querySelectorAll("[data-show-browser-zone]").forEach(function (element) {
+      element.textContent = zone || "unknown";
+    });
+  }
+
+  function span(ms) {
+    var seconds = Math.round(Math.abs(ms) / 1000);
+    if (seconds < 90) return seconds + " s";
+    var minutes = Math.round(seconds / 60);
+    if (minutes < 90) return minutes + " min";
+    return Math.round(minutes / 60) + " h";
+  }
+
+  function tick() {
+    var now = Date.now();
+    document.querySelectorAll("[data-due-ms]").forEach(function (element) {
+      var left = Number(element.getAttribute("data-due-ms")) - now;
+      element.textContent = left > 0 ? "in " + span(left) : "due " + span(left) + " ago";
+      element.classList.toggle("overdue", left <= 0);
+    });
+    document.querySelectorAll("[data-at-ms]").forEach(function (element) {
+      element.textContent = "(" + span(now - Number(element.getAttribute("data-at-ms"))) + " ago)";
+    });
+  }
+
+  function stickToBottom(element) {
+    if (element.hasAttribute("data-stick-bottom")) element.scrollTop = element.scrollHeight;
+  }
+
+  // Replace a live region with a fragment from the server, keeping open <details> open.
+  function swap(element, html) {
+    var open = Array.prototype.map.call(
+      element.querySelectorAll("details[open][id]"), function (d) { return d.id; });
+    var atBottom = element.scrollHeight - element.scrollTop - element.clientHeight < 60;
+    element.innerHTML = html;
+    open.forEach(function (id) {
+      var details = document.getElementById(id);
+      if (details) details.open = true;
+    });
+    if (window.htmx) window.htmx.process(element);
+    if (atBottom) stickToBottom(element);
+    tick();
+  }
+
+  function connect(root) {
+    var source = new EventSource(root.getAttribute("data-stream"));
+    var regions = Array.prototype.slice.call(root.querySelectorAll("[data-swap]"));
+    if (root.hasAttribute("data-swap")) regions.push(root);
+    regions.forEach(function (element) {
+      source.addEventListener(element.getAttribute("data-swap"), function (event) {
+        swap(element, event.data);
+      });
+    });
+    source.addEventListener("open", function () { document.body.classList.add("live"); });
+    source.addEventListener("error", function () { document.body.classList.remove("live"); });
+    window.addEventListener("pagehide", function () { source.close(); });
+  }
+
+  function composer() {
+    var form = document.getElementById("composer");
+    if (!form) return;
+    var problem = document.getElementById("composer-error");
+    var input = form.querySelector("[name=text]");
+    form.addEventListener("htmx:configRequest", function (event) {
+      event.detail.parameters.clientTimeZone = browserZone();
+    });
+    form.addEventListener("htmx:afterRequest", function (event) {
+      if (event.detail.successful) {
+        input.value = "";
+        problem.textContent = "";
+        input.focus();
+      }
+    });
+    form.addEventListener("htmx:responseError", function (event) {
+      problem.textContent = event.detail.xhr.responseText || "the console refused the prompt";
+    });
+    form.addEventListener("htmx:sendError", function () {
+      problem.textContent = "the console did not answer";
+    });
+    var transcript = document.getElementById("transcript");
+    if (transcript) {
+      transcript.addEventListener("htmx:afterSwap", function () { stickToBottom(transcript); tick(); });
+      stickToBottom(transcript);
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    fillZones(document);
+    document.querySelectorAll("[data-stream]").forEach(connect);
+    composer();
+    tick();
+    window.setInterval(tick, 1000);
+  });
+})();

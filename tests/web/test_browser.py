@@ -1,0 +1,203 @@
+"""The web console in a real browser (Playwright on Debian's Chromium), against an
+embedded console served from a thread (docs/web.md).
+
+Each page's screenshot is saved under ``test-artifacts/web/``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from dsh_schedule.shared.core.instant import format_instant, to_ms
+from tests.support import reminder_texts
+from tests.web.conftest import Served
+
+pytestmark = pytest.mark.browser
+
+SHANGHAI = "Asia/Shanghai"
+ARRIVAL_S = 20  # the longest a due reminder may take to show up
+
+
+def open_page(browser: Browser, zone: str) -> Page:
+    context = browser.new_context(timezone_id=zone, viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    return page
+
+
+def dialogs_of(page: Page) -> list[str]:
+    """Every dialog the page opens (an ``alert`` would be script that ran), dismissed."""
+    seen: list[str] = []
+
+    def record(dialog: object) -> None:
+        seen.append(dialog.message)  # type: ignore[attr-defined]
+        dialog.dismiss()  # type: ignore[attr-defined]
+
+    page.on("dialog", record)
+    return seen
+
+
+def send(page: Page, text: str) -> None:
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+
+
+def user_events(served: Served, session: str) -> list[dict[str, object]]:
+    return [e.data for e in served.console.store.read(session).events
+            if e.type == "user/message" and e.data["source"].get("kind") == "user"]
+
+
+def test_a_session_created_in_the_browser_takes_the_browsers_zone(
+        served: Served, browser: Browser, artifacts: Path) -> None:
+    page = open_page(browser, SHANGHAI)
+    page.goto(served.url)
+    zone_field = page.locator("input[name=timeZone]")
+    expect(zone_field).to_have_value(SHANGHAI)
+    page.fill("input[name=id]", "from-shanghai")
+    page.click("#create-session button")
+    page.wait_for_url("**/session/from-shanghai")
+    expect(page.locator("#session-zone")).to_have_text(SHANGHAI)
+    assert served.console.store.read("from-shanghai").header.timeZone == SHANGHAI
+
+    page.goto(served.url)
+    row = page.locator('tr[data-session="from-shanghai"]')
+    expect(row).to_contain_text(SHANGHAI)
+    page.screenshot(path=artifacts / "sessions.png", full_page=True)
+
+
+def test_a_zone_the_browser_cannot_have_is_refused(served: Served, browser: Browser) -> None:
+    page = open_page(browser, SHANGHAI)
+    page.goto(served.url)
+    page.fill("input[name=id]", "nowhere")
+    page.fill("input[name=timeZone]", "Mars/Olympus_Mons")
+    page.click("#create-session button")
+    expect(page.locator("#create-error")).to_contain_text("not a time zone")
+    assert not served.console.exists("nowhere")
+
+
+def test_a_reminder_arrives_without_a_reload(
+        served: Served, browser: Browser, artifacts: Path) -> None:
+    served.console.create_session("live", "Europe/Berlin")
+    page = open_page(browser, "Europe/Berlin")
+    page.goto(served.at("/session/live"))
+    page.evaluate("window.__sameDocument = true")
+
+    send(page, "remind me in 3 seconds to stretch")
+    expect(page.locator("#reminders tr[data-schedule-id=schedule-1]")).to_contain_text("stretch")
+    reminder = page.locator("#transcript .msg.reminder")
+    expect(reminder.locator(".reminder-prompt")).to_have_text("stretch", timeout=ARRIVAL_S * 1000)
+
+    # The same document all along: the reminder came over the live stream.
+    assert page.evaluate("window.__sameDocument") is True
+    # The prompt carried the browser's zone.
+    assert user_events(served, "live")[0]["source"]["clientTimeZone"] == "Europe/Berlin"
+    # The exact framing is one click away, and it is the frame in the log.
+    reminder.locator("summary").click()
+    frame = reminder.locator("pre.frame")
+    expect(frame).to_be_visible()
+    assert frame.inner_text() == reminder_texts(served.console.store, "live")[0]
+    assert 'reminder_prompt_json: "stretch"' in frame.inner_text()
+    # The receipt of the dispatch, labelled session-local; nothing is active any more.
+    receipt = page.locator("#receipts .receipt").first
+    expect(receipt.locator(".label")).to_have_text("session-local")
+    assert json.loads(receipt.locator("pre").inner_text())["prompt"] == "stretch"
+    expect(page.locator("#reminders")).to_contain_text("No active reminders")
+
+    send(page, "every 5 minutes check the build")
+    expect(page.locator("#reminders tr[data-schedule-id=schedule-2]")).to_contain_text(
+        "check the build")
+    expect(page.locator("#reminders tr[data-schedule-id=schedule-2] .countdown")).to_contain_text(
+        "in ")
+    page.screenshot(path=artifacts / "session.png", full_page=True)
+
+
+def test_a_local_time_without_a_zone_is_confirmed_by_the_browsers_zone(
+        served: Served, browser: Browser) -> None:
+    served.console.create_session("office", SHANGHAI)
+    page = open_page(browser, SHANGHAI)
+    page.goto(served.at("/session/office"))
+    target = (datetime.now(ZoneInfo(SHANGHAI)) + timedelta(hours=2)).replace(
+        second=0, microsecond=0)
+    send(page, f"at {target:%H:%M} call the office")
+
+    row = page.locator("#reminders tr[data-schedule-id=schedule-1]")
+    expect(row).to_contain_text("call the office")
+    expect(row).to_contain_text(f"{target:%H:%M}:00 {SHANGHAI}")
+    expect(page.locator("#transcript .msg.assistant").last).to_contain_text("Set schedule-1")
+    events = served.console.store.read("office").events
+    call = next(e.data for e in events if e.type == "tool/call")
+    assert call["args"]["at"] == {"date": target.date().isoformat(),
+                                  "time": f"{target:%H:%M}:00"}  # no time_zone
+    created = next(e.data for e in events if e.type == "schedule/change")
+    assert created["schedule"]["scheduledAt"] == format_instant(to_ms(target))
+    readings = [e for e in events if e.type == "user/message"
+                and e.data["source"].get("plugin") == "time-context"]
+    assert len(readings) == 1
+
+
+def test_a_local_time_from_a_browser_in_another_zone_asks_for_the_zone(
+        served: Served, browser: Browser) -> None:
+    served.console.create_session("office", SHANGHAI)
+    page = open_page(browser, "America/New_York")
+    page.goto(served.at("/session/office"))
+    send(page, "at 17:00 call the office")
+    answer = page.locator("#transcript .msg.assistant").last
+    expect(answer).to_contain_text("timezone_confirmation_required")
+    expect(answer).to_contain_text("America/New_York")
+    expect(page.locator("#reminders")).to_contain_text("No active reminders")
+
+    send(page, f"at 17:00 in {SHANGHAI} call the office")
+    expect(page.locator("#reminders tr[data-schedule-id=schedule-1]")).to_contain_text(
+        f"17:00:00 {SHANGHAI}")
+
+
+def test_a_prompt_is_shown_as_text_and_runs_nothing(served: Served, browser: Browser) -> None:
+    served.console.create_session("escape", "UTC")
+    page = open_page(browser, "UTC")
+    dialogs = dialogs_of(page)
+    page.goto(served.at("/session/escape"))
+
+    hostile = "<img src=x onerror=alert(1)>"
+    send(page, hostile)
+    shown = page.locator("#transcript .msg.user .text").last
+    expect(shown).to_have_text(hostile)
+    send(page, "remind me in 1 second to <script>alert(2)</script><b onclick=alert(3)>x</b>")
+    prompt = page.locator("#transcript .msg.reminder .reminder-prompt")
+    expect(prompt).to_have_text("<script>alert(2)</script><b onclick=alert(3)>x</b>",
+                                timeout=ARRIVAL_S * 1000)
+    page.reload()  # rendered by the page itself, not the live stream, this time
+    expect(page.locator("#transcript .msg.user .text").first).to_have_text(hostile)
+    for region in ("#transcript", "#reminders", "#receipts"):
+        assert page.locator(f"{region} img, {region} script, {region} b").count() == 0
+    page.wait_for_timeout(500)
+    assert dialogs == []
+
+    # The check above would have seen script that ran: markup inserted as HTML does.
+    page.evaluate("document.body.insertAdjacentHTML('beforeend', '<img src=x onerror=alert(9)>')")
+    page.wait_for_timeout(500)
+    assert dialogs == ["9"]
+
+
+def test_the_operations_page_shows_the_status_and_the_lateness_of_deliveries(
+        served: Served, browser: Browser, artifacts: Path) -> None:
+    served.console.create_session("ops", "UTC")
+    page = open_page(browser, "UTC")
+    page.goto(served.at("/session/ops"))
+    send(page, "remind me in 1 second to drink water")
+    expect(page.locator("#transcript .msg.reminder")).to_have_count(1, timeout=ARRIVAL_S * 1000)
+
+    page.goto(served.at("/operations"))
+    figures = page.locator("#status-figures")
+    expect(figures).to_contain_text("live agents")
+    expect(figures.locator("tr", has_text="live agents")).to_contain_text("1")
+    expect(page.locator("#health")).to_be_visible()
+    expect(page.locator("#lateness-summary")).to_contain_text("median")
+    counts = [int(text) for text in page.locator("#lateness td.num").all_inner_texts()]
+    assert sum(counts) == 1
+    page.screenshot(path=artifacts / "operations.png", full_page=True)

@@ -1,0 +1,152 @@
+"""The web console over plain HTTP: forms, refusals, the live stream, the status JSON."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from tests.support import wait_until
+from tests.web.conftest import Served
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def call(url: str, form: dict[str, str] | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    data = None if form is None else urllib.parse.urlencode(form).encode()
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+def test_creating_a_session_validates_the_zone_and_the_id(served: Served) -> None:
+    status, headers, _ = call(served.at("/sessions"), {"id": "s1", "timeZone": "Asia/Shanghai"})
+    assert status == 303 and headers["location"] == "/session/s1"
+    assert served.console.store.read("s1").header.timeZone == "Asia/Shanghai"
+
+    for zone in ("Mars/Olympus_Mons", "Etc/GMT+5", "EST", "", "+01:00"):
+        status, _, body = call(served.at("/sessions"), {"id": "s2", "timeZone": zone})
+        assert status == 400, zone
+        assert "not a time zone Schedule accepts" in body
+    status, _, body = call(served.at("/sessions"), {"id": "../escape", "timeZone": "UTC"})
+    assert status == 400 and "a session id is" in body
+    status, _, body = call(served.at("/sessions"), {"id": "s1", "timeZone": "UTC"})
+    assert status == 400 and "already exists" in body
+    assert served.console.sessions() == ["s1"]
+
+    status, headers, _ = call(served.at("/sessions"), {"id": "", "timeZone": "UTC"})
+    assert status == 303 and headers["location"].startswith("/session/web-")
+
+
+def test_a_form_from_another_site_is_refused(served: Served) -> None:
+    served.console.create_session("s", "UTC")
+    length = served.console.length("s")
+    for headers in ({"Origin": "http://elsewhere.example"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Origin": "null"}):
+        status, _, _ = call(served.at("/prompt/s"), {"text": "list"}, headers)
+        assert status == 403, headers
+        status, _, _ = call(served.at("/sessions"), {"id": "x", "timeZone": "UTC"}, headers)
+        assert status == 403, headers
+    assert served.console.length("s") == length
+    assert not served.console.exists("x")
+    # The console's own pages post with their own origin.
+    status, _, _ = call(served.at("/prompt/s"), {"text": "list"},
+                        {"Origin": served.url.rstrip("/")})
+    assert status == 303
+    assert served.console.length("s") > length
+
+
+def test_a_prompt_is_escaped_in_the_page_and_in_the_fragment(served: Served) -> None:
+    served.console.create_session("s", "UTC")
+    status, _, fragment = call(served.at("/prompt/s"),
+                               {"text": HOSTILE, "clientTimeZone": "UTC"}, {"HX-Request": "true"})
+    assert status == 200
+    status, _, page = call(served.at("/session/s"))
+    assert status == 200
+    for html in (fragment, page):
+        assert HOSTILE not in html
+        assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    user = [e.data for e in served.console.store.read("s").events if e.type == "user/message"]
+    assert user[0]["content"][0]["text"] == HOSTILE
+    assert user[0]["source"]["clientTimeZone"] == "UTC"
+
+
+def test_a_browser_zone_schedule_does_not_accept_is_not_recorded(served: Served) -> None:
+    served.console.create_session("s", "UTC")
+    call(served.at("/prompt/s"), {"text": "list", "clientTimeZone": "Etc/Unknown"})
+    [user] = [e.data for e in served.console.store.read("s").events
+              if e.type == "user/message" and e.data["source"]["kind"] == "user"]
+    assert "clientTimeZone" not in user["source"]
+
+
+def test_bad_prompts_and_unknown_sessions(served: Served) -> None:
+    served.console.create_session("s", "UTC")
+    status, _, body = call(served.at("/prompt/s"), {"text": "   "}, {"HX-Request": "true"})
+    assert (status, body) == (400, "the prompt is empty")
+    status, _, body = call(served.at("/prompt/nope"), {"text": "list"})
+    assert status == 400 and "does not exist" in body
+    status, _, body = call(served.at("/session/nope"))
+    assert status == 404 and "No such session" in body
+    status, _, _ = call(served.at("/stream/session/nope"))
+    assert status == 404
+
+
+def test_the_live_stream_sends_the_fragments_of_a_session(served: Served) -> None:
+    served.console.create_session("s", "UTC")
+    served.console.prompt("s", "remind me in 1 second to stretch", "UTC")
+    assert wait_until(lambda: any(e.type == "schedule/change" and
+                                  e.data.get("operation") == "dispatch"
+                                  for e in served.console.store.read("s").events), 20)
+    with urllib.request.urlopen(served.at("/stream/session/s"), timeout=30) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        seen: dict[str, list[str]] = {}
+        event = None
+        while len(seen) < 3:
+            line = stream.readline().decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line[len("event: "):]
+                seen[event] = []
+            elif line.startswith("data: ") and event is not None:
+                seen[event].append(line[len("data: "):])
+            elif not line:
+                event = None
+        assert set(seen) == {"transcript", "receipts", "reminders"}
+        assert any("stretch" in line for line in seen["transcript"])
+
+
+def test_the_status_json_is_what_status_reads(served: Served) -> None:
+    served.console.create_session("s", "UTC")
+    status, headers, body = call(served.at("/api/status"))
+    assert status == 200 and headers["content-type"] == "application/json"
+    value = json.loads(body)
+    assert value["prefix"] == served.console.settings.prefix
+    assert value["liveAgents"] == 1
+    assert value["queues"][0]["name"] == served.console.settings.queue
+    status, _, page = call(served.at("/operations"))
+    assert status == 200 and 'id="lateness"' in page
+
+
+def test_a_log_that_cannot_be_read_is_said_to_be_unreadable(served: Served) -> None:
+    served.console.create_session("broken", "UTC")
+    path = served.console.store.path("broken")
+    with path.open("a", encoding="utf-8") as log:
+        log.write("this is no event\n")
+        log.write(json.dumps({"type": "turn/start", "seq": 1, "time": 0,
+                              "data": {"turn": 1}}) + "\n")
+    status, _, page = call(served.at("/session/broken"))
+    assert status == 500 and "cannot be read" in page
+    status, _, page = call(served.at("/"))
+    assert status == 200
+    assert 'data-session="broken"' in page and 'class="error"' in page
