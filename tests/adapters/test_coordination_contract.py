@@ -123,6 +123,7 @@ def test_every_key_of_every_port_is_under_the_prefix(
         keys.current_wake(AGENT),
         keys.wake_counter(AGENT),
         keys.scheduled_jobs(),
+        keys.mover_nudge(),
     }
     assert all(k.startswith(keys.prefix) for k in written - rq_own)
 
