@@ -30,15 +30,25 @@ import msgspec
 import redis
 
 from dsh_schedule.loadtest.long_session import measure_long_session
+from dsh_schedule.loadtest.peers import peers_burst, peers_idle
 from dsh_schedule.loadtest.phases import Plan, measure_create, measure_due, measure_lateness
 from dsh_schedule.loadtest.processes import (
     RuntimeFactory,
+    cpu_window,
     measure_burst,
     measure_idle,
     measure_process_memory,
 )
 from dsh_schedule.loadtest.rebuild import measure_rebuild
-from dsh_schedule.loadtest.report import Figures, Result, render_table, targets
+from dsh_schedule.loadtest.report import (
+    Figures,
+    PeerBurst,
+    PeerIdle,
+    Result,
+    peers_figure,
+    render_table,
+    targets,
+)
 from dsh_schedule.loadtest.runtime import (
     EmbeddedRuntime,
     LoadtestError,
@@ -112,6 +122,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time bound: no phase starts after it and every wait gives "
                         "up at it (default: 3600)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--peers", action="store_true",
+                        help="with --redis: run the idle and burst phases' N also through arq "
+                             "deferred jobs and rq's own scheduler (rq worker --with-scheduler, "
+                             "Worker and SimpleWorker), each with --workers worker processes, "
+                             "and report them beside ours (arq: the [bench] extra, or "
+                             "--arq-path)")
+    parser.add_argument("--arq-path", type=Path, metavar="DIR",
+                        help="with --peers: a directory holding arq, first on the arq "
+                             "processes' path (pip install --target DIR 'arq>=0.26,<0.29'; "
+                             "arq pins redis<6, so it may live beside the project's "
+                             "environment; default: this interpreter's own)")
     for flag, field, full, embedded, smoke, bound in _SIZES:
         if field in _PROCESS_SIZES:
             unit = " seconds" if field.endswith("_s") else ""
@@ -172,6 +193,10 @@ def run(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger().setLevel(logging.WARNING)
     phases = select_phases(args.phases, redis=bool(args.redis))
+    if args.peers and not args.redis:
+        raise SystemExit("loadtest: --peers runs real processes and needs --redis URL")
+    if args.peers and not {"idle", "burst"} & set(phases):
+        raise SystemExit("loadtest: --peers measures the idle and burst phases; name one")
     tag = f"lt{uuid.uuid4().hex[:8]}"
     plan = build_plan(args, tag)
     progress = Progress(quiet=args.quiet)
@@ -228,9 +253,23 @@ def _run_phases(args: argparse.Namespace, plan: Plan, phases: list[str], root: P
         ("memory", lambda f: setattr(figures, "process_memory",
                                      measure_process_memory(f, plan, progress))),
     ]
+    peer_idle: list[PeerIdle] = []
+    peer_burst: list[PeerBurst] = []
+    peer_dir = sessions.parent / f"{plan.tag}-peers"
     for name, process_step in process_steps:
         if name in phases and budget_left(name):
             process_step(open_runtime)
+            if args.peers and name == "idle":
+                peer_idle = peers_idle(open_runtime, plan.idle_agents, plan.workers,
+                                       plan.idle_warmup_s, plan.idle_window_s, peer_dir,
+                                       cpu_window, progress, args.arq_path)
+            if args.peers and name == "burst":
+                peer_burst = peers_burst(open_runtime, plan.burst_agents, plan.workers,
+                                         plan.lead_s, peer_dir, progress,
+                                         60 + plan.burst_agents / 20, args.arq_path)
+    shutil.rmtree(peer_dir, ignore_errors=True)
+    if peer_idle or peer_burst:
+        figures.peers = peers_figure(figures.idle, figures.burst, peer_idle, peer_burst)
     if mode == "embedded":
         notes.append("embedded Redis: one process, one in-process worker; Redis memory is "
                      "not measured, the targets (set for real Redis) are not judged, and "

@@ -93,6 +93,7 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
                           created_at_ms=base - 2 * DAY_MS, durable=False)
             progress.tick(f"writing sessions {i + 1:,}/{n:,}")
         os.sync()
+        before = _used_memory(rt)
         rt.start_workers()
         rt.start_mover()
         watch = Stopwatch()
@@ -108,10 +109,11 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
             raise LoadtestError(f"idle: {int(rt.client.zcard(scheduled)):,} of {n:,} agents "
                                 "were armed in time")
         ready_s = watch.seconds()
+        bytes_per_agent = round((_used_memory(rt) - before) / n, 1)
         progress.note(f"{n:,} agents armed in {ready_s:.1f} s; warming up")
         rt.sleep(plan.idle_warmup_s)
         progress.note(f"measuring {plan.idle_window_s} s")
-        ours = _cpu_window(rt, plan.idle_window_s, n)
+        ours = cpu_window(rt, plan.idle_window_s, n)
     finally:
         rt.close()
     progress.note(f"ours: {ours.cores_per_1000_agents} cores per 1,000 agents, "
@@ -122,7 +124,13 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
         warmup_s=plan.idle_warmup_s, ours=ours, bare=bare_window,
         ratio=cost_ratio(ours.total_cores, bare_window.total_cores),
         ratio_commands=cost_ratio(ours.commands_per_s, bare_window.commands_per_s),
+        bytes_per_agent=bytes_per_agent,
     )
+
+
+def _used_memory(rt: RedisRuntime) -> int:
+    info: Any = rt.client.info("memory")
+    return int(info["used_memory"])
 
 
 def _bare_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -> CpuWindow:
@@ -147,7 +155,7 @@ def _bare_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -> 
         rt.start_bare_workers(rt.settings.queue, plan.workers)
         rt.start_bare_scheduler(prefix, rt.settings.queue)
         rt.sleep(plan.idle_warmup_s)
-        window = _cpu_window(rt, plan.idle_window_s, n)
+        window = cpu_window(rt, plan.idle_window_s, n)
     finally:
         rt.close()
     progress.note(f"bare: {window.cores_per_1000_agents} cores per 1,000 jobs, "
@@ -155,7 +163,7 @@ def _bare_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -> 
     return window
 
 
-def _cpu_window(rt: RedisRuntime, seconds: float, agents: int) -> CpuWindow:
+def cpu_window(rt: RedisRuntime, seconds: float, agents: int) -> CpuWindow:
     """CPU seconds per second of each process of ``rt`` and of the redis-server over
     ``seconds``, during which this process sends Redis nothing."""
     sampler = CpuSampler(rt.client, rt.pids())

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from dsh_schedule.loadtest.stats import Latency, Machine, rate_ratio
+from dsh_schedule.loadtest.stats import Latency, Machine, cost_ratio, rate_ratio
 
 
 class CreateFigure(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,6 +133,9 @@ class IdleFigure(msgspec.Struct, frozen=True, kw_only=True):
     bare: CpuWindow
     ratio: float | None
     ratio_commands: float | None
+    bytes_per_agent: float | None = None
+    """``INFO memory`` ``used_memory`` once every agent was armed, less before the
+    processes started, over N: what a live idle agent holds in Redis."""
 
 
 class BurstFigure(msgspec.Struct, frozen=True, kw_only=True):
@@ -176,6 +179,65 @@ class ProcessMemoryFigure(msgspec.Struct, frozen=True, kw_only=True):
     note: str | None
 
 
+class PeerIdle(msgspec.Struct, frozen=True, kw_only=True):
+    """N far-future delivery jobs on one peer (``loadtest.peers``)."""
+
+    peer: str
+    jobs: int
+    workers: int
+    ours: CpuWindow
+    """The peer's own window: its workers and the redis-server."""
+    bytes_per_job: float | None
+    """``used_memory`` after enqueuing the N jobs less before, over N."""
+
+
+class PeerBurst(msgspec.Struct, frozen=True, kw_only=True):
+    """N delivery jobs due in the same second on one peer: due -> job ran."""
+
+    peer: str
+    jobs: int
+    workers: int
+    ran: int
+    slack_s: float
+    latency: Latency
+
+
+class PeersFigure(msgspec.Struct, frozen=True, kw_only=True):
+    """The peers beside the idle and burst figures, and our figure over the best peer's
+    (``> 1``: costlier or later than the best peer)."""
+
+    idle: list[PeerIdle]
+    burst: list[PeerBurst]
+    ratio_idle_cores: float | None
+    ratio_idle_commands: float | None
+    ratio_idle_bytes: float | None
+    ratio_burst_p50: float | None
+    ratio_burst_p99: float | None
+
+
+def _best(values: list[float | None]) -> float | None:
+    measured = [v for v in values if v is not None]
+    return min(measured) if measured else None
+
+
+def peers_figure(idle: IdleFigure | None, burst: BurstFigure | None,
+                 peer_idle: list[PeerIdle], peer_burst: list[PeerBurst]) -> PeersFigure:
+    """The peers' figures with our ratio to the best of them."""
+    return PeersFigure(
+        idle=peer_idle, burst=peer_burst,
+        ratio_idle_cores=cost_ratio(idle.ours.total_cores if idle else None,
+                                    _best([p.ours.total_cores for p in peer_idle])),
+        ratio_idle_commands=cost_ratio(idle.ours.commands_per_s if idle else None,
+                                       _best([p.ours.commands_per_s for p in peer_idle])),
+        ratio_idle_bytes=cost_ratio(idle.bytes_per_agent if idle else None,
+                                    _best([p.bytes_per_job for p in peer_idle])),
+        ratio_burst_p50=cost_ratio(burst.followup.p50_ms if burst else None,
+                                   _best([p.latency.p50_ms for p in peer_burst])),
+        ratio_burst_p99=cost_ratio(burst.followup.p99_ms if burst else None,
+                                   _best([p.latency.p99_ms for p in peer_burst])),
+    )
+
+
 class Figures(msgspec.Struct, kw_only=True):
     create: CreateFigure | None = None
     long_session: LongSessionFigure | None = None
@@ -186,6 +248,7 @@ class Figures(msgspec.Struct, kw_only=True):
     idle: IdleFigure | None = None
     burst: BurstFigure | None = None
     process_memory: ProcessMemoryFigure | None = None
+    peers: PeersFigure | None = None
 
 
 class Target(msgspec.Struct, frozen=True, kw_only=True):
@@ -318,6 +381,10 @@ def _lat(lat: Latency) -> str:
     return f"p50 {_fmt(lat.p50_ms)} / p99 {_fmt(lat.p99_ms)} / max {_fmt(lat.max_ms)} ms"
 
 
+def _peer_workers(p: PeersFigure) -> int:
+    return (p.burst or p.idle)[0].workers if (p.burst or p.idle) else 0
+
+
 def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
     """(figure, ours, bare libraries, cost ratio) rows of the summary table."""
     rows: list[tuple[str, str, str, str]] = []
@@ -356,6 +423,7 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
         rows.append(("idle Redis commands/s", _fmt(i.ours.commands_per_s),
                      _fmt(i.bare.commands_per_s), _fmt(i.ratio_commands, "x")))
         rows.append(("idle busiest Redis commands/s", _busiest(i.ours), _busiest(i.bare), ""))
+        rows.append(("idle Redis bytes per agent / job", _fmt(i.bytes_per_agent), "", ""))
     if (b := f.burst) is not None:
         rows.append((f"burst due->followup ({b.agents:,} agents)", _lat(b.followup),
                      _lat(b.bare), _fmt(b.ratio_p99, "x p99")))
@@ -369,10 +437,45 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def peer_cells(f: Figures) -> dict[str, tuple[str, ...]]:
+    """The peer columns (one per peer, then our ratio to the best peer) of the summary
+    rows they belong to, by the row's figure name."""
+    p = f.peers
+    if p is None:
+        return {}
+    cells: dict[str, tuple[str, ...]] = {}
+    if (i := f.idle) is not None and p.idle:
+        cells[f"idle cores per 1,000 agents ({i.agents:,} agents)"] = (
+            *(_fmt(x.ours.cores_per_1000_agents) for x in p.idle), _fmt(p.ratio_idle_cores, "x"))
+        cells["idle cores by process"] = (*(_cores(x.ours) for x in p.idle), "")
+        cells["idle Redis commands/s"] = (*(_fmt(x.ours.commands_per_s) for x in p.idle),
+                                          _fmt(p.ratio_idle_commands, "x"))
+        cells["idle busiest Redis commands/s"] = (*(_busiest(x.ours) for x in p.idle), "")
+        cells["idle Redis bytes per agent / job"] = (*(_fmt(x.bytes_per_job) for x in p.idle),
+                                                     _fmt(p.ratio_idle_bytes, "x"))
+    if (b := f.burst) is not None and p.burst:
+        cells[f"burst due->followup ({b.agents:,} agents)"] = (
+            *(_lat(x.latency) for x in p.burst),
+            f"{_fmt(p.ratio_burst_p50, 'x')} p50 / {_fmt(p.ratio_burst_p99, 'x')} p99")
+    return cells
+
+
 def render_table(result: Result) -> str:
-    header = ("figure", "ours", "bare libraries", "cost ratio")
-    rows = [header, *summary_rows(result.figures)]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    header: tuple[str, ...] = ("figure", "ours", "bare libraries", "cost ratio")
+    base = summary_rows(result.figures)
+    cells = peer_cells(result.figures)
+    rows: list[tuple[str, ...]]
+    if cells:
+        p = result.figures.peers
+        assert p is not None
+        names = [x.peer for x in (p.burst or p.idle)]
+        header = (*header, *(f"peer {n} ({_peer_workers(p)} workers)" for n in names),
+                  "ours vs best peer")
+        blank = ("",) * (len(names) + 1)
+        rows = [header, *((*row, *cells.get(row[0], blank)) for row in base)]
+    else:
+        rows = [header, *base]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -162,6 +162,7 @@ class RedisRuntime:
                                           prefix=prefix, queue=queue)
         self.store = JsonlStore(sessions)
         self.client = redis.Redis.from_url(url)
+        self.url = url
         self.workers = workers
         self.deadline = math.inf
         self._logs = logs
@@ -227,12 +228,14 @@ class RedisRuntime:
         """A ``dsh-schedule <command>`` process on ``queue``."""
         return self._launch(command, ["-m", "dsh_schedule", command], queue)
 
-    def _launch(self, name: str, args: Sequence[str], queue: str) -> subprocess.Popen[bytes]:
+    def _launch(self, name: str, args: Sequence[str], queue: str,
+                env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         self._logs.mkdir(parents=True, exist_ok=True)
         self._spawned += 1
         with (self._logs / f"{name}-{self._spawned}.log").open("ab") as log:
             return subprocess.Popen([sys.executable, *args],
-                                    env={**self._env, "DSH_SCHEDULE_QUEUE": queue},
+                                    env={**self._env, "DSH_SCHEDULE_QUEUE": queue,
+                                         **(env or {})},
                                     stdout=log, stderr=subprocess.STDOUT)
 
     def start_host(self, sessions: Sequence[str]) -> None:
@@ -244,6 +247,17 @@ class RedisRuntime:
         ids.write_text("".join(f"{s}\n" for s in sessions), encoding="utf-8")
         self._named["host"] = self._launch(
             "host", ["-m", "dsh_schedule.loadtest.host", str(ids)], self.settings.queue)
+
+    def start_named(self, role: str, args: Sequence[str],
+                    env: Mapping[str, str] | None = None) -> None:
+        """Start ``python <args>`` (with ``env`` added to the children's environment) as
+        the process in ``role`` (see ``pids``), stopped when the runtime closes: the peers'
+        worker processes."""
+        self._named[role] = self._launch(role, args, self.settings.queue, env)
+
+    def child_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of this runtime's child processes, with ``extra``."""
+        return {**self._env, "DSH_SCHEDULE_QUEUE": self.settings.queue, **(extra or {})}
 
     def start_bare_scheduler(self, prefix: str, queue: str, timeout_s: float = 60.0) -> None:
         """Start rq-scheduler's own loop (``Scheduler.run``, no code of ours) with its keys

@@ -1,12 +1,14 @@
 """``dsh-schedule loadtest --smoke`` runs end to end and reports every figure (issue 6):
 the in-process phases on the embedded Redis, and the process phases (idle, burst, memory:
-real worker, scheduler and host processes) on the suite's real Redis.
+real worker, scheduler and host processes) on the suite's real Redis; and ``--peers``
+fills the columns of arq and of rq's own scheduler (both worker classes) beside them.
 
 Figures are timings: they are checked for presence and shape only, never against targets.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -58,8 +60,8 @@ SESSION_SIZE = {"events", "file_bytes", "first_call_ms", "per_s", "latency", "ba
 PROCESS_FIGURES: dict[str, tuple[set[str], set[str]]] = {
     "idle": (
         {"agents", "host_processes", "workers", "ready_seconds", "warmup_s", "ours", "bare",
-         "ratio", "ratio_commands"},
-        {"agents", "ready_seconds", "warmup_s"},
+         "ratio", "ratio_commands", "bytes_per_agent"},
+        {"agents", "ready_seconds", "warmup_s", "bytes_per_agent"},
     ),
     "burst": (
         {"agents", "created", "errors", "due_at", "slack_s", "dispatched", "delivered",
@@ -248,5 +250,100 @@ def test_the_process_run_leaves_nothing_behind(process_result: dict[str, Any],
         # Nor a job of its queues whose id rq chose (a wake a host triggered at the end).
         origins = [client.hget(key, "origin") or b"" for key in client.scan_iter(match="rq:job:*")]
         assert [o for o in origins if tag.encode() in o] == []
+    finally:
+        client.close()
+
+
+# -- the peers (--peers), on the suite's real Redis ---------------------------------------
+
+PEERS = ["arq", "rq Worker", "rq SimpleWorker"]
+PEER_RATIOS = {"ratio_idle_cores", "ratio_idle_commands", "ratio_idle_bytes", "ratio_burst_p50",
+               "ratio_burst_p99"}
+
+
+@pytest.fixture(scope="module")
+def arq_path(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """``--arq-path`` when arq is not in this environment: arq pins redis<6, so the test
+    installs it beside the project (as docs/benchmarks.md does) rather than in it."""
+    if importlib.util.find_spec("arq") is not None:
+        return []
+    target = tmp_path_factory.mktemp("arq")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check",
+                    "-q", "--target", str(target), "arq>=0.26,<0.29"], check=True, timeout=300)
+    return ["--arq-path", str(target)]
+
+
+@pytest.fixture(scope="module")
+def peers_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("loadtest-peers")
+
+
+@pytest.fixture(scope="module")
+def peers_run(peers_workdir: Path, arq_path: list[str]) -> tuple[dict[str, Any], str]:
+    """One smoke run of idle and burst with --peers: (result, the printed table)."""
+    conftest.real_redis_client().close()  # fails the test (never skips) with no Redis
+    out = peers_workdir / "result.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "dsh_schedule", "loadtest", "--smoke", "--quiet", "--json",
+         str(out), "--redis", conftest.REAL_REDIS_URL, "--phases", "idle,burst", "--peers",
+         *arq_path],
+        cwd=peers_workdir, capture_output=True, text=True, timeout=280,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    loaded: dict[str, Any] = json.loads(out.read_text())
+    return loaded, run.stdout
+
+
+@pytest.mark.timeout(600)
+def test_every_peer_column_is_filled(peers_run: tuple[dict[str, Any], str]) -> None:
+    result, table = peers_run
+    figures = result["figures"]
+    peers = figures["peers"]
+    assert set(peers) == {"idle", "burst", *PEER_RATIOS}
+    best = {  # the best peer's figure of each ratio: a ratio over 0 is "-", not a number
+        "ratio_idle_cores": min(p["ours"]["total_cores"] for p in peers["idle"]),
+        "ratio_idle_commands": min(p["ours"]["commands_per_s"] for p in peers["idle"]),
+        "ratio_idle_bytes": min(p["bytes_per_job"] for p in peers["idle"]),
+        "ratio_burst_p50": min(p["latency"]["p50_ms"] for p in peers["burst"]),
+        "ratio_burst_p99": min(p["latency"]["p99_ms"] for p in peers["burst"]),
+    }
+    assert set(best) == PEER_RATIOS
+    for key in PEER_RATIOS:
+        # A smoke window is short: the best peer may have used no CPU tick at all in it.
+        assert isinstance(peers[key], int | float) or best[key] <= 0, key
+    assert [p["peer"] for p in peers["idle"]] == PEERS
+    assert [p["peer"] for p in peers["burst"]] == PEERS
+    workers = figures["idle"]["workers"]
+    for idle in peers["idle"]:
+        assert idle["workers"] == workers and idle["jobs"] == figures["idle"]["agents"]
+        assert isinstance(idle["bytes_per_job"], int | float)
+        window = idle["ours"]
+        assert set(window) == CPU_WINDOW
+        assert {"worker-1", "redis-server"} <= set(window["processes"])
+        for key in ("total_cores", "cores_per_1000_agents", "commands_per_s"):
+            assert isinstance(window[key], int | float), key
+    for burst in peers["burst"]:
+        assert burst["workers"] == workers
+        assert burst["ran"] == burst["jobs"] == figures["burst"]["agents"]
+        assert set(burst["latency"]) == LATENCY
+        assert burst["latency"]["count"] == burst["jobs"]
+    header = table.splitlines()[0]
+    for name in PEERS:
+        assert f"peer {name} ({workers} workers)" in header
+    assert "ours vs best peer" in header
+    rows = {line.split("  ")[0]: line for line in table.splitlines()}
+    for row in ("idle Redis commands/s", "idle Redis bytes per agent / job"):
+        assert rows[row].rstrip().endswith("x"), row
+
+
+@pytest.mark.timeout(600)
+def test_the_peers_leave_nothing_behind(peers_run: tuple[dict[str, Any], str],
+                                        peers_workdir: Path) -> None:
+    result, _table = peers_run
+    assert sorted(p.name for p in peers_workdir.iterdir()) == ["result.json"]
+    client = conftest.real_redis_client()
+    try:
+        tag = result["plan"]["tag"]
+        assert list(client.scan_iter(match=f"*{tag}*")) == []
     finally:
         client.close()
