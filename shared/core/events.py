@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, overload
 
@@ -42,7 +43,46 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     data: Any
 
 
-class EventLog(Sequence[Event]):
+class EventSequence(Sequence[Event]):
+    """A read-only sequence of a fixed number of log events, equal to any sequence of the
+    same events. Subclasses say how one event is had (``_event``) and keep ``_length``."""
+
+    __slots__ = ()
+    _length: int
+
+    @abstractmethod
+    def _event(self, index: int) -> Event:
+        """The event at ``index``, which is within ``0..len(self)``."""
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            return tuple(self._event(i) for i in range(*index.indices(self._length)))
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("event index out of range")
+        return self._event(index)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == self._length and all(
+            a == b for a, b in zip(self, other, strict=True)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class EventLog(EventSequence):
     """A read-only view of the first ``length`` events of an append-only list.
 
     The in-memory store hands these out instead of copying a long log on every read: the
@@ -56,36 +96,11 @@ class EventLog(Sequence[Event]):
         self._base = base
         self._length = len(base) if length is None else length
 
-    def __len__(self) -> int:
-        return self._length
-
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(self._length)
-            return tuple(self._base[start:stop:step])
-        if index < 0:
-            index += self._length
-        if not 0 <= index < self._length:
-            raise IndexError("event index out of range")
+    def _event(self, index: int) -> Event:
         return self._base[index]
 
     def __iter__(self) -> Iterator[Event]:
         return itertools.islice(self._base, self._length)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(other) == self._length and all(
-            a == b for a, b in zip(self, other, strict=True)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"EventLog(length={self._length})"

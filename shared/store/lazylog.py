@@ -15,12 +15,12 @@ from __future__ import annotations
 import itertools
 import os
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Final, overload
+from typing import Final
 
 from dsh_schedule.shared.core.errors import PersistenceError
-from dsh_schedule.shared.core.events import Event
+from dsh_schedule.shared.core.events import Event, EventSequence
 from dsh_schedule.shared.store.codec import decode_event_line
 
 MARK_EVERY: Final[int] = 64
@@ -38,7 +38,7 @@ def read_range(fd: int, start: int, stop: int) -> bytes:
     return b"".join(parts)
 
 
-class FileEvents(Sequence[Event]):
+class FileEvents(EventSequence):
     """The first ``length`` events of one session file, at most a few held in memory.
 
     ``marks[k]`` is the offset of event ``k * MARK_EVERY``, ``end`` the offset after event
@@ -83,24 +83,6 @@ class FileEvents(Sequence[Event]):
         self._recent_start = min(recent_start, length)
         self._chunk: tuple[int, list[Event]] | None = None
 
-    def __len__(self) -> int:
-        return self._length
-
-    @overload
-    def __getitem__(self, index: int) -> Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
-        if isinstance(index, slice):
-            return tuple(self._event(i) for i in range(*index.indices(self._length)))
-        if index < 0:
-            index += self._length
-        if not 0 <= index < self._length:
-            raise IndexError("event index out of range")
-        return self._event(index)
-
     def __iter__(self) -> Iterator[Event]:
         index = 0
         while index < self._recent_start:
@@ -112,15 +94,6 @@ class FileEvents(Sequence[Event]):
         yield from itertools.islice(
             self._recent, index - self._recent_start, self._length - self._recent_start
         )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(other) == self._length and all(
-            a == b for a, b in zip(self, other, strict=True)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"FileEvents(length={self._length}, in_memory={self.in_memory})"
