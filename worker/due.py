@@ -14,7 +14,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from enum import Enum
 from typing import Final
 
@@ -25,9 +24,9 @@ from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.phase import Release
-from dsh_schedule.shared.core.dispatch import plan_dispatch
-from dsh_schedule.shared.core.due import DispatchOne, Wait, due_decision
-from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.dispatch import DispatchPlan, plan_dispatch
+from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.framing import FramingError
@@ -37,7 +36,7 @@ from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
-from dsh_schedule.worker.reproject import reproject
+from dsh_schedule.worker.reproject import reproject, reproject_many
 
 log = logging.getLogger(__name__)
 
@@ -159,75 +158,69 @@ class DueOwner:
             self._sleep(early_ms / 1000)
 
     def wake_batch(self, agents: Sequence[str]) -> dict[str, WakeOutcome]:
-        """Immediate wakes for many agents (a rebuild's batch), each decided under its own
-        lock after its own preflight, exactly as ``wake``; the liveness checks and the
-        final re-arms go to Redis together, and every lock is held until its agent is
-        armed."""
-        recorder = metrics.get()
-        try:
-            outcomes = self._wake_batch(agents, recorder)
-        except redis.RedisError as exc:
-            recorder.redis_error()
-            log.warning("wake batch of %d: Redis unavailable (%s)", len(agents),
-                        type(exc).__name__)
-            outcomes = dict.fromkeys(agents, WakeOutcome.REDIS_UNAVAILABLE)
-        for outcome in outcomes.values():
-            recorder.wake(outcome.value)
-        return outcomes
+        """Immediate wakes for many agents (a rebuild's batch): ``wake_many`` with no
+        targets."""
+        return self.wake_many([(agent, None) for agent in agents])
 
-    def _wake_batch(
-        self, agents: Sequence[str], recorder: metrics.Metrics
+    def wake_many(
+        self, wakes: Sequence[tuple[str, int | None]]
     ) -> dict[str, WakeOutcome]:
-        live = set(self._coord.leases.live_among(agents, now_ms=self._clock()))
-        outcomes = {agent: WakeOutcome.NOT_LIVE for agent in agents if agent not in live}
-        settled: list[tuple[str, FoldState]] = []
-        with ExitStack() as held:
-            for agent in agents:
-                if agent not in live:
-                    continue
-                started = time.perf_counter()
-                with log_context(agent=agent):
-                    try:
-                        held.enter_context(
-                            self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s)
-                        )
-                    except LockUnavailable:
-                        log.debug("wake for %s: lock busy, the holder re-arms", agent)
-                        outcomes[agent] = WakeOutcome.LOCK_BUSY
-                        recorder.due_transaction(time.perf_counter() - started)
-                        continue
-                    try:
-                        state = self._rounds(agent)
-                    except redis.RedisError:
-                        raise  # every other agent of the batch needs Redis too
-                    except Exception:
-                        # One agent's failure spares the rest of the batch.
-                        log.exception("wake for %s failed", agent)
-                        state = WakeOutcome.FAILED
-                    finally:
-                        # Its share of the batch: its lock and rounds (the re-arm is shared).
-                        recorder.due_transaction(time.perf_counter() - started)
-                if isinstance(state, WakeOutcome):
-                    outcomes[agent] = state
-                else:
-                    settled.append((agent, state))
-                    outcomes[agent] = WakeOutcome.SETTLED
+        """Many wakes as one batched due transaction
+        (docs/architecture.md#batched-due-transactions).
+
+        Each agent is decided exactly as ``wake`` decides it, under its own lock and
+        phase, after its own preflight, with its own fenced append and barrier; what the
+        batch shares are the round trips to Redis (liveness, locks, phase claims and
+        releases, followup writes, re-arms: one pipelined call each, whatever the batch's
+        size). An agent whose lock is busy is then woken alone, waiting for its lock as
+        ``wake`` does. The first wake of an agent named twice counts.
+        """
+        targets: dict[str, int | None] = {}
+        for agent, target_ms in wakes:
+            targets.setdefault(agent, target_ms)
+        recorder = metrics.get()
+        started = time.perf_counter()
+        busy: list[str] = []
+        try:
+            outcomes, busy = self._wake_many(targets)
+        except redis.RedisError as exc:
+            # The records stay active; a new lease or the reconcile pass wakes them.
+            recorder.redis_error()
+            log.warning("wake batch of %d: Redis unavailable (%s)", len(targets),
+                        type(exc).__name__)
+            outcomes = dict.fromkeys(targets, WakeOutcome.REDIS_UNAVAILABLE)
+        elapsed = time.perf_counter() - started
+        for outcome in outcomes.values():
+            recorder.due_transaction(elapsed)  # each agent's transaction took the batch's
+            recorder.wake(outcome.value)
+        for agent in busy:
+            with log_context(agent=agent):
+                outcomes[agent] = self.wake(agent, targets[agent])
+        return {agent: outcomes[agent] for agent in targets}
+
+    def _wake_many(
+        self, targets: dict[str, int | None]
+    ) -> tuple[dict[str, WakeOutcome], list[str]]:
+        live = set(self._coord.leases.live_among(list(targets), now_ms=self._clock()))
+        outcomes = {agent: WakeOutcome.NOT_LIVE for agent in targets if agent not in live}
+        order = [agent for agent in targets if agent in live]
+        timed = [(target, agent) for agent in order if (target := targets[agent]) is not None]
+        if timed:
+            latest, agent = max(timed)
+            self._sleep_out_skew(agent, latest)
+        with self._coord.locks.hold_many(order) as held:
+            busy = [agent for agent in order if agent not in held]
+            settled = self._rounds_many([agent for agent in order if agent in held], outcomes)
             self._coord.rearm_many(settled, self._clock())
-        return outcomes
+        return outcomes, busy
 
     def _rounds(self, agent: str) -> FoldState | WakeOutcome:
         """Dispatch until nothing is due; the settled fold to arm from, or the outcome
         that stopped the wake."""
         for _ in range(MAX_ROUNDS):
-            loaded = self._preflight(agent)
-            if isinstance(loaded, WakeOutcome):
-                return loaded
-            session, state = loaded
-            stopped = self._reproject(agent, session)
-            if stopped is not None:
-                return stopped
-            if isinstance(due_decision(state, self._clock()), Wait):
-                return state
+            checked = self._check(agent)
+            if checked is not None:
+                return checked
             stopped = self._dispatch_in_phase(agent)
             if stopped is not None:
                 return stopped
@@ -236,6 +229,78 @@ class DueOwner:
                 return stopped
         log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
         return WakeOutcome.STILL_DUE
+
+    def _rounds_many(
+        self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
+    ) -> list[tuple[str, FoldState]]:
+        """``_rounds`` for many agents at once, a round at a time: each round checks every
+        agent still pending and dispatches, together, for those that are due. Fills in
+        ``outcomes``; returns the settled folds to arm from."""
+        settled: list[tuple[str, FoldState]] = []
+        pending = list(agents)
+        for _ in range(MAX_ROUNDS):
+            if not pending:
+                return settled
+            due: list[str] = []
+            for agent, checked in self._check_many(pending).items():
+                if checked is None:
+                    due.append(agent)
+                elif isinstance(checked, WakeOutcome):
+                    outcomes[agent] = checked
+                else:
+                    settled.append((agent, checked))
+                    outcomes[agent] = WakeOutcome.SETTLED
+            pending = self._dispatch_many(due, outcomes)
+        for agent in pending:
+            log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
+            outcomes[agent] = WakeOutcome.STILL_DUE
+        return settled
+
+    def _check_many(self, agents: Sequence[str]) -> dict[str, FoldState | WakeOutcome | None]:
+        """``_check`` for many agents, their re-projections read and written together."""
+        checked: dict[str, FoldState | WakeOutcome | None] = {}
+        loaded: list[tuple[str, Session, FoldState]] = []
+        for agent in agents:
+            with log_context(agent=agent):
+                try:
+                    found = self._preflight(agent)
+                    if not isinstance(found, WakeOutcome):
+                        self._ledgers.ledger(agent, found[0])  # a corrupt one stops here
+                except ScheduleLogError as exc:
+                    log.error("cannot re-project followups for %s: %s", agent, exc)
+                    found = WakeOutcome.CORRUPT_LOG
+                except redis.RedisError:
+                    raise  # every other agent of the batch needs Redis too
+                except Exception:
+                    log.exception("wake for %s failed", agent)  # spares the rest
+                    found = WakeOutcome.FAILED
+            if isinstance(found, WakeOutcome):
+                checked[agent] = found
+            else:
+                loaded.append((agent, *found))
+        added = reproject_many(self._coord.followups,
+                               [(agent, session) for agent, session, _ in loaded], self._ledgers)
+        now = self._clock()
+        for agent, _session, state in loaded:
+            if added[agent]:
+                metrics.get().delivery("reprojected", added[agent])
+                log.info("re-projected %d lost followup(s) for %s", added[agent], agent)
+            checked[agent] = state if isinstance(due_decision(state, now), Wait) else None
+        return checked
+
+    def _check(self, agent: str) -> FoldState | WakeOutcome | None:
+        """Preflight, re-project, decide: the settled fold when nothing is due, the
+        outcome that stops the wake, or None when a dispatch is due now."""
+        loaded = self._preflight(agent)
+        if isinstance(loaded, WakeOutcome):
+            return loaded
+        session, state = loaded
+        stopped = self._reproject(agent, session)
+        if stopped is not None:
+            return stopped
+        if isinstance(due_decision(state, self._clock()), Wait):
+            return state
+        return None
 
     def _preflight(self, agent: str) -> tuple[Session, FoldState] | WakeOutcome:
         try:
@@ -273,6 +338,124 @@ class DueOwner:
         finally:
             if phase.release(agent, "maintenance", token) is Release.WAITER_WOKEN:
                 self._coord.trigger(agent)
+
+    def _dispatch_many(self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]) -> list[str]:
+        """``_dispatch_in_phase`` then ``_barrier`` for many agents: their phases claimed
+        and released in one round trip each, their followups written in one. Returns the
+        agents to check again (those that dispatched, or found nothing due any more)."""
+        if not agents:
+            return []
+        token = uuid.uuid4().hex
+        phase = self._coord.phase
+        ttl_s = self._settings.maintenance_ttl_s
+        claimed = phase.claim_many(agents, "maintenance", token, ttl_s)
+        held = [agent for agent, ok in zip(agents, claimed, strict=True) if ok]
+        for agent in set(agents).difference(held):
+            log.debug("agent %s busy: idle waiter registered", agent)
+            outcomes[agent] = WakeOutcome.WAITING_FOR_IDLE
+        if not held:
+            return []
+        try:
+            live = set(self._coord.leases.live_among(held, now_ms=self._clock()))
+            for agent in set(held).difference(live):
+                outcomes[agent] = WakeOutcome.NOT_LIVE
+            again = self._dispatch_together([agent for agent in held if agent in live],
+                                            outcomes)
+        finally:
+            released = phase.release_many(held, "maintenance", token)
+            woken = [agent for agent, release in zip(held, released, strict=True)
+                     if release is Release.WAITER_WOKEN]
+            if woken:
+                self._coord.trigger_many(woken)
+        checked = []
+        for agent in again:
+            stopped = self._barrier(agent)
+            if stopped is None:
+                checked.append(agent)
+            else:
+                outcomes[agent] = stopped
+        return checked
+
+    def _dispatch_together(
+        self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
+    ) -> list[str]:
+        """``_dispatch_once`` for many agents, their phases held: each re-decides on its own
+        fold and gets its own fenced append; the followups go to Redis in one call, before
+        any append. An agent whose append meets another writer re-decides alone."""
+        planned: list[tuple[str, int, int, DispatchOne | DispatchBatch, DispatchPlan]] = []
+        again: list[str] = []
+        for agent in agents:
+            with log_context(agent=agent):
+                try:
+                    session, state = self._store.load(agent)
+                except (PersistenceError, ScheduleLogError) as exc:
+                    log.warning("re-fold for %s failed: %s", agent, exc)
+                    outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
+                    continue
+                now = self._clock()
+                decision = due_decision(state, now)
+                if isinstance(decision, Wait):
+                    again.append(agent)  # nothing due any more: the next check settles it
+                    continue
+                try:
+                    plan = plan_dispatch(decision)
+                except FramingError:
+                    log.exception("framing failed for %s; nothing written", agent)
+                    outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
+                    continue
+            planned.append((agent, len(session.events), now, decision, plan))
+        if not planned:
+            return again
+        crash_point("before-followup")
+        self._coord.followups.add_many([(agent, plan.text, plan.pairs)
+                                        for agent, _n, _now, _d, plan in planned])
+        written_ms = self._clock()
+        crash_point("after-followup")
+        for agent, length, now, decision, plan in planned:
+            schedule_ids = ",".join(pair.scheduleId for pair in plan.pairs)
+            with log_context(agent=agent, schedule_id=schedule_ids):
+                stopped = self._append_dispatch(agent, length, now, decision, plan, written_ms)
+            if stopped is None:
+                again.append(agent)
+            else:
+                outcomes[agent] = stopped
+        return again
+
+    def _append_dispatch(
+        self, agent: str, length: int, now: int, decision: DispatchOne | DispatchBatch,
+        plan: DispatchPlan, written_ms: int,
+    ) -> WakeOutcome | None:
+        events = [NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c))
+                  for c in plan.changes]
+        try:
+            self._store.append(agent, events, expected_seq=length)
+        except FenceConflict:
+            # Another writer came between: re-decide alone, its suffix confirmed first.
+            try:
+                return retry_fenced(f"dispatch for {agent}",
+                                    lambda n: self._dispatch_once(agent, n + 1))
+            except FenceRetriesExhausted as exc:
+                log.warning("%s", exc)
+                return WakeOutcome.DISPATCH_ABANDONED
+        except (PersistenceError, ScheduleLogError) as exc:
+            # The followup may already be read; with no dispatch the host drops it.
+            log.error("dispatch append for %s abandoned: %s", agent, exc)
+            return WakeOutcome.DISPATCH_ABANDONED
+        crash_point("after-append")
+        self._dispatched(agent, decision, plan, written_ms)
+        return None
+
+    def _dispatched(
+        self, agent: str, decision: DispatchOne | DispatchBatch, plan: DispatchPlan,
+        written_ms: int,
+    ) -> None:
+        recorder = metrics.get()
+        if recorder.enabled:
+            kind = "one-shot" if isinstance(decision, DispatchOne) else "batch"
+            occurrences = [pair.occurrenceAt for pair in plan.pairs]
+            recorder.dispatched(kind, metrics.lateness_s(written_ms, occurrences))
+        log.info("dispatched %s for %s", ", ".join(pair.scheduleId for pair in plan.pairs),
+                 agent)
 
     def _dispatch(self, agent: str) -> WakeOutcome | None:
         """Re-decide with the phase held and write one dispatch (followup, then the fenced
@@ -318,13 +501,7 @@ class DueOwner:
                 log.error("dispatch append for %s abandoned: %s", agent, exc)
                 return WakeOutcome.DISPATCH_ABANDONED
             crash_point("after-append")
-            recorder = metrics.get()
-            if recorder.enabled:
-                kind = "one-shot" if isinstance(decision, DispatchOne) else "batch"
-                occurrences = [pair.occurrenceAt for pair in plan.pairs]
-                recorder.dispatched(kind, metrics.lateness_s(written_ms, occurrences))
-            log.info("dispatched %s for %s",
-                     ", ".join(pair.scheduleId for pair in plan.pairs), agent)
+            self._dispatched(agent, decision, plan, written_ms)
         return None
 
     def _barrier(self, agent: str) -> WakeOutcome | None:

@@ -31,7 +31,7 @@ from dsh_schedule.shared.coordination.wake import DueWakes, decode_batch
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
-from dsh_schedule.worker.due import DueOwner, WakeOutcome
+from dsh_schedule.worker.due import DueOwner
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ def wake(agent: str, target_ms: int | None) -> str:
 
 
 def wake_batch(payload: Any) -> dict[str, str]:
-    """A batch of wakes, in order; one wake's failure spares the rest."""
+    """A batch of wakes, performed as one batched due transaction; one wake's failure
+    spares the rest."""
     with log_context(wake_id=_job_id()):
         return _wake_batch(payload)
 
@@ -96,16 +97,9 @@ def _wake_batch(payload: Any) -> dict[str, str]:
         log.error("malformed wake batch dropped: %s", exc)
         return {}
     owner = _owner()
-    if not isinstance(batch, DueWakes):
-        outcomes = owner.wake_batch(batch.agents)
-        return {agent: outcome.value for agent, outcome in outcomes.items()}
-    results: dict[str, str] = {}
-    for item in batch.wakes:
-        try:
-            outcome = owner.wake(item.agent, item.target_ms)
-        except Exception:
-            with log_context(agent=item.agent):
-                log.exception("wake for %s failed", item.agent)
-            outcome = WakeOutcome.FAILED
-        results[item.agent] = outcome.value
-    return results
+    if isinstance(batch, DueWakes):
+        wakes: list[tuple[str, int | None]] = [(w.agent, w.target_ms) for w in batch.wakes]
+    else:
+        wakes = [(agent, None) for agent in batch.agents]
+    outcomes = owner.wake_many(wakes)
+    return {agent: outcome.value for agent, outcome in outcomes.items()}

@@ -8,6 +8,8 @@ frame. The ledger comes with the loaded session: nothing here reads the log agai
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dsh_schedule.shared.coordination.followups import Followups, Pair
 from dsh_schedule.shared.core.dispatch import pending_frame
 from dsh_schedule.shared.core.events import Session
@@ -16,15 +18,27 @@ from dsh_schedule.shared.core.ledger import LedgerCache
 
 def reproject(followups: Followups, agent: str, session: Session, cache: LedgerCache) -> int:
     """Re-add every lost followup; returns how many entries were added."""
-    ledger = cache.ledger(agent, session)
-    missing = ledger.undelivered()
-    if not missing:
-        return 0
-    held: set[Pair] = {p for entry in followups.entries(agent) for p in entry.pairs}
-    added = 0
-    for group in missing:
-        if any(p in held for p in group.pairs):
-            continue
-        followups.add(agent, pending_frame(ledger, group), group.pairs)
-        added += 1
+    return reproject_many(followups, [(agent, session)], cache)[agent]
+
+
+def reproject_many(
+    followups: Followups, sessions: Sequence[tuple[str, Session]], cache: LedgerCache
+) -> dict[str, int]:
+    """``reproject`` for many agents: one pipelined read of the streams of the agents
+    with an undelivered dispatch, one pipelined write of what is missing. How many
+    entries were added, per agent."""
+    added = {agent: 0 for agent, _session in sessions}
+    undelivered = [(agent, ledger, missing) for agent, session in sessions
+                   if (missing := (ledger := cache.ledger(agent, session)).undelivered())]
+    if not undelivered:
+        return added
+    streams = followups.entries_many([agent for agent, _ledger, _missing in undelivered])
+    lost: list[tuple[str, str, Sequence[Pair]]] = []
+    for (agent, ledger, missing), entries in zip(undelivered, streams, strict=True):
+        held: set[Pair] = {p for entry in entries for p in entry.pairs}
+        for group in missing:
+            if not any(p in held for p in group.pairs):
+                lost.append((agent, pending_frame(ledger, group), group.pairs))
+                added[agent] += 1
+    followups.add_many(lost)
     return added

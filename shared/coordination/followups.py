@@ -96,6 +96,10 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _encode_pairs(pairs: Sequence[Pair]) -> str:
+    return json.dumps([msgspec.to_builtins(p) for p in pairs], separators=(",", ":"))
+
+
 def stream_id_ms(entry_id: str) -> int:
     """The server's epoch millisecond at which a stream entry was added (its id's first
     part)."""
@@ -124,7 +128,7 @@ class Followups:
         """Add an entry and, in the same atomic step, announce the agent on the ready
         stream of the queue its lease names (no lease: no announcement; a host that
         grants the lease later checks the agent's stream anyway). Returns the entry id."""
-        encoded = json.dumps([msgspec.to_builtins(p) for p in pairs], separators=(",", ":"))
+        encoded = _encode_pairs(pairs)
         queue = self._client.hget(self._keys.lease_queue(), agent)
         found = _text(queue) if isinstance(queue, bytes | str) else ""
         for _attempt in range(_ADD_ATTEMPTS):
@@ -139,10 +143,44 @@ class Followups:
             found = _text(value)  # the lease moved meanwhile: announce where it is now
         raise redis.RedisError(f"the lease of {agent} kept moving while adding a followup")
 
+    def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
+        """``add`` for many ``(agent, text, pairs)`` entries: one pipelined round trip
+        looks up the agents' queues, one more writes every entry (each write still one
+        atomic script with its announcement). An agent whose lease moved in between is
+        added alone, as ``add`` does. The entry ids, in order."""
+        if not items:
+            return []
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in (item[0] for item in items):
+                pipe.hget(self._keys.lease_queue(), agent)
+            queues = [_text(q) if isinstance(q, bytes | str) else "" for q in pipe.execute()]
+        with self._client.pipeline(transaction=False) as pipe:
+            for (agent, text, pairs), found in zip(items, queues, strict=True):
+                self._add(
+                    keys=[self._keys.followups(agent), self._keys.lease_queue(),
+                          self._keys.ready(found)],
+                    args=[agent, text.encode(), _encode_pairs(pairs).encode(), found,
+                          self._ready_maxlen],
+                    client=pipe,
+                )
+            written: list[Any] = pipe.execute()
+        ids = []
+        for (agent, text, pairs), (done, value) in zip(items, written, strict=True):
+            ids.append(_text(value) if done else self.add(agent, text, pairs))
+        return ids
+
     def entries(self, agent: str) -> list[FollowupEntry]:
         """Every entry still in the stream, delivered to a consumer or not."""
         raw: Any = self._client.xrange(self._keys.followups(agent))
         return [_entry(entry_id, fields) for entry_id, fields in raw]
+
+    def entries_many(self, agents: Sequence[str]) -> list[list[FollowupEntry]]:
+        """``entries`` for many agents, in one pipelined round trip."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.xrange(self._keys.followups(agent))
+            replies: list[Any] = pipe.execute()
+        return [[_entry(entry_id, fields) for entry_id, fields in raw] for raw in replies]
 
     def ensure_group(self, agent: str) -> None:
         """Create the stream's consumer group from its first entry (idempotent)."""

@@ -7,6 +7,7 @@ so that a claim and the registration of an idle waiter are one atomic step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 
 import redis
@@ -77,6 +78,28 @@ class AgentPhase:
         """Claim the phase for a turn; False while maintenance or another turn holds it."""
         owner = f"turn:{token}"
         return bool(self._claim(keys=self._args(agent), args=[owner, int(ttl_s * 1000), "0"]))
+
+    def claim_many(
+        self, agents: Sequence[str], kind: str, token: str, ttl_s: float
+    ) -> list[bool]:
+        """``claim_maintenance`` (kind ``maintenance``) or ``claim_turn`` (kind ``turn``)
+        for many agents under one token, in one pipelined round trip; each claim is still
+        one atomic script. Whether each was claimed."""
+        if kind not in ("maintenance", "turn"):
+            raise ValueError(f"unknown phase kind {kind!r}")
+        waiter = "1" if kind == "maintenance" else "0"
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                self._claim(keys=self._args(agent),
+                            args=[f"{kind}:{token}", int(ttl_s * 1000), waiter], client=pipe)
+            return [bool(r) for r in pipe.execute()]
+
+    def release_many(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
+        """``release`` for many agents held under one token, in one pipelined round trip."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                self._release(keys=self._args(agent), args=[f"{kind}:{token}"], client=pipe)
+            return [Release(int(r)) for r in pipe.execute()]
 
     def release(self, agent: str, kind: str, token: str) -> Release:
         result = self._release(keys=self._args(agent), args=[f"{kind}:{token}"])

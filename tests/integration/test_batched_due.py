@@ -1,0 +1,182 @@
+"""The batched due transaction (docs/architecture.md#batched-due-transactions): many wakes
+share their round trips to Redis, and each agent is still decided, written and fenced on
+its own."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+import msgspec
+import pytest
+import redis
+from redis.connection import Connection
+
+from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.shared.core.due import next_wake_ms
+from dsh_schedule.shared.core.events import Event, NewEvent
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.memory import MemoryStore
+from dsh_schedule.worker.due import WakeOutcome
+from tests.support import FakeClock, dispatch_records, new_session, reminder_texts
+
+
+def _system(redis_client: redis.Redis, settings: Settings, store: MemoryStore | None = None,
+            **overrides: float) -> tuple[EmbeddedSystem, FakeClock]:
+    clock = FakeClock()
+    quick = msgspec.structs.replace(settings, **overrides) if overrides else settings
+    system = EmbeddedSystem(store or MemoryStore(), quick, clock=clock, sleep=clock.advance,
+                            client=redis_client, injected_clock=True)
+    return system, clock
+
+
+def _agents_with_reminders(system: EmbeddedSystem, names: Sequence[str],
+                           after_s: dict[str, int] | None = None) -> None:
+    for name in names:
+        new_session(system.store, name)
+        system.host.open_root(name)
+        _d, create = system.host.agents[name].tools["schedule_create"]
+        result = create({"prompt": f"reminder for {name}",
+                         "after_seconds": (after_s or {}).get(name, 5)})
+        assert not result.is_error, result.content
+
+
+def _targets(system: EmbeddedSystem, names: Sequence[str]) -> list[tuple[str, int | None]]:
+    now = system.clock()
+    return [(name, next_wake_ms(system.store.load(name)[1], now)) for name in names]
+
+
+def test_a_batch_dispatches_each_due_agent_once_and_arms_the_rest(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    system, clock = _system(redis_client, settings)
+    due = [f"due{i}" for i in range(6)]
+    _agents_with_reminders(system, [*due, "later"], {"later": 600})
+    wakes = _targets(system, [*due, "later"])
+    clock.advance(6)
+
+    outcomes = system.owner.wake_many([*wakes, ("gone", None)])
+
+    assert outcomes == {**dict.fromkeys(due, WakeOutcome.SETTLED),
+                        "later": WakeOutcome.SETTLED, "gone": WakeOutcome.NOT_LIVE}
+    for name in due:
+        assert len(dispatch_records(system.store, name)) == 1
+        assert system.coordination.followups.waiting(name) == 1
+        assert system.store.load(name)[1].active == ()
+    assert dispatch_records(system.store, "later") == []
+    assert system.coordination.wakes.current("later") is not None
+    system.step()  # the host delivers each once
+    assert all(len(reminder_texts(system.store, name)) == 1 for name in due)
+
+
+def test_an_agent_whose_lock_is_busy_is_woken_alone_after_the_batch(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    system, clock = _system(redis_client, settings, wake_lock_wait_s=2.0)
+    _agents_with_reminders(system, ["free", "held"])
+    wakes = _targets(system, ["free", "held"])
+    clock.advance(6)
+    lock = redis_client.lock(system.coordination.keys.lock("held"), timeout=30,
+                             thread_local=False)
+    assert lock.acquire(blocking=False)
+    release = threading.Timer(0.3, lock.release)  # the batch is done long before
+    release.start()
+    try:
+        outcomes = system.owner.wake_many(wakes)
+    finally:
+        release.join()
+
+    assert outcomes == {"free": WakeOutcome.SETTLED, "held": WakeOutcome.SETTLED}
+    assert len(dispatch_records(system.store, "held")) == 1  # after waiting for its lock
+    assert len(dispatch_records(system.store, "free")) == 1
+
+
+def test_an_agent_in_a_turn_waits_for_idle_and_spares_the_batch(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    system, clock = _system(redis_client, settings)
+    _agents_with_reminders(system, ["idle", "busy"])
+    wakes = _targets(system, ["idle", "busy"])
+    clock.advance(6)
+    phase = system.coordination.phase
+    assert phase.claim_turn("busy", "tok", 30)
+
+    outcomes = system.owner.wake_many(wakes)
+
+    assert outcomes == {"idle": WakeOutcome.SETTLED, "busy": WakeOutcome.WAITING_FOR_IDLE}
+    assert dispatch_records(system.store, "busy") == []
+    assert len(dispatch_records(system.store, "idle")) == 1
+    assert redis_client.exists(system.coordination.keys.idle_waiter("busy"))
+    assert phase.holder("idle") is None  # every maintenance phase of the batch released
+
+
+class _InterposingStore(MemoryStore):
+    """Another writer appends to ``victim`` just before the batch's dispatch append."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__()
+        self.victim = victim
+        self.interposed = False
+
+    def append(self, session_id: str, events: Sequence[NewEvent],
+               expected_seq: int) -> tuple[Event, ...]:
+        if session_id == self.victim and not self.interposed and any(
+            e.type == "schedule/change" and e.data.get("operation") == "dispatch" for e in events
+        ):
+            self.interposed = True
+            super().append(session_id, [NewEvent(type="custom/note", time=0, data={})],
+                           expected_seq)
+        return super().append(session_id, events, expected_seq)
+
+
+def test_a_fence_conflict_in_a_batch_re_decides_that_agent_alone(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    store = _InterposingStore("contested")
+    system, clock = _system(redis_client, settings, store)
+    _agents_with_reminders(system, ["plain", "contested"])
+    wakes = _targets(system, ["plain", "contested"])
+    clock.advance(6)
+
+    outcomes = system.owner.wake_many(wakes)
+
+    assert store.interposed
+    assert outcomes == {"plain": WakeOutcome.SETTLED, "contested": WakeOutcome.SETTLED}
+    assert len(dispatch_records(store, "contested")) == 1
+    system.step()
+    # Two entries were written (the batch's, then the re-decided one); one is delivered.
+    assert len(reminder_texts(store, "contested")) == 1
+    assert len(reminder_texts(store, "plain")) == 1
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Counts what is sent to Redis: one packed send is one round trip (a pipeline's
+    commands go in one)."""
+    sent = [0]
+    original = Connection.send_packed_command
+
+    def counting(self: Connection, command: object, check_health: bool = True) -> None:
+        sent[0] += 1
+        original(self, command, check_health)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Connection, "send_packed_command", counting)
+    yield sent
+
+
+def test_a_batch_costs_the_same_round_trips_whatever_its_size(
+    real_redis: redis.Redis, settings: Settings, round_trips: list[int]
+) -> None:
+    def trips_for(count: int, tag: str) -> int:
+        system, clock = _system(real_redis, settings)
+        names = [f"{tag}{i}" for i in range(count)]
+        _agents_with_reminders(system, names)
+        wakes = _targets(system, names)
+        clock.advance(6)
+        before = round_trips[0]
+        outcomes = system.owner.wake_many(wakes)
+        assert set(outcomes.values()) == {WakeOutcome.SETTLED}
+        return round_trips[0] - before
+
+    small, large = trips_for(4, "s"), trips_for(40, "l")
+    assert small == large, (small, large)
