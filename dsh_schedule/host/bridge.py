@@ -60,6 +60,22 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True):
     events: tuple[Event, ...]
 
 
+class DeliveryRound(msgspec.Struct, frozen=True, kw_only=True):
+    """What one ``deliver_many`` did, agent by agent.
+
+    ``delivered``: the agents given a followup now (at most one each); ``again``: the
+    agents that decided entries (delivered or dropped) and may have more; ``empty``:
+    nothing for this consumer to read now (another consumer may hold an entry: look at
+    them alone); ``busy``: their lock was held; ``failed``: their delivery failed (logged;
+    their entries stay unacknowledged)."""
+
+    delivered: dict[str, Delivery]
+    again: tuple[str, ...]
+    empty: tuple[str, ...]
+    busy: tuple[str, ...]
+    failed: tuple[str, ...]
+
+
 class TurnBusy(Exception):
     """The agent's phase could not be claimed for a turn in time."""
 
@@ -267,6 +283,61 @@ class HostBridge:
         if woken or active:
             self._coord.trigger(agent)
 
+    @contextmanager
+    def turns(self, agents: Sequence[str]) -> Iterator[list[str]]:
+        """``turn`` for many agents, without waiting: yields the agents whose turn phase
+        was free and is held now (the others are left out: the caller asks for them
+        ``later``). One round trip claims them, one renews them all in the background,
+        one releases them; the end of the turns wakes those agents ``turn`` would wake."""
+        settings = self._settings
+        token = uuid.uuid4().hex
+        agents = list(dict.fromkeys(agents))
+        claimed = self._coord.phase.claim_many(agents, "turn", token, settings.turn_ttl_s) \
+            if agents else []
+        held = [agent for agent, ok in zip(agents, claimed, strict=True) if ok]
+        if not held:
+            yield []
+            return
+        stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat_many, args=(held, token, stop),
+                                daemon=True, name="turns-heartbeat")
+        beat.start()
+        try:
+            yield held
+        finally:
+            stop.set()
+            beat.join()
+            self._end_turns(held, token)
+
+    def _heartbeat_many(self, agents: list[str], token: str, stop: threading.Event) -> None:
+        settings = self._settings
+        while not stop.wait(settings.turn_renew_s):
+            try:
+                renewed = self._coord.phase.renew_many(agents, "turn", token,
+                                                       settings.turn_ttl_s)
+            except redis.RedisError as exc:
+                metrics.get().redis_error()
+                log.warning("turn phases of %d agents not renewed (%s)", len(agents),
+                            type(exc).__name__)
+                continue
+            lost = [agent for agent, ok in zip(agents, renewed, strict=True) if not ok]
+            if lost:
+                log.warning("turn phase of %d agent(s) was lost", len(lost))
+
+    def _end_turns(self, agents: list[str], token: str) -> None:
+        released = self._coord.phase.release_many(agents, "turn", token)
+        wake = []
+        for agent, release in zip(agents, released, strict=True):
+            try:
+                _session, state = self._store.load(agent)
+                active = bool(state.active)
+            except (PersistenceError, ScheduleLogError):
+                active = False
+            if release is Release.WAITER_WOKEN or active:
+                wake.append(agent)
+        if wake:
+            self._coord.trigger_many(wake)
+
     # -- the delivery gate ----------------------------------------------------------
 
     def has_followup(self, agent: str) -> bool:
@@ -303,12 +374,59 @@ class HostBridge:
                 if delivery is not None:
                     return delivery
 
+    def deliver_many(self, agents: Sequence[str]) -> DeliveryRound:
+        """``deliver_next`` for many agents whose turns the caller holds, at most one
+        delivery each, with the round trips shared: their streams read in one or two
+        pipelined calls (``Followups.read_many``), their locks taken together (a busy one is
+        not waited for), every decided entry acknowledged together. Each entry still
+        passes the gate on its own, under its agent's lock, with its own fenced append and
+        barrier flush. Call again with ``again`` until it is empty."""
+        read = self._coord.followups.read_many(agents, self.consumer)
+        with_entries = [agent for agent, entries in read.items() if entries]
+        delivered: dict[str, Delivery] = {}
+        decided: list[tuple[str, str]] = []
+        again: list[str] = []
+        failed: list[str] = []
+        with self._coord.locks.hold_many(with_entries) as held:
+            for agent in with_entries:
+                if agent not in held:
+                    continue
+                try:
+                    for entry in read[agent]:
+                        delivery = self._gate_held(agent, entry, barrier=False)
+                        decided.append((agent, entry.entry_id))
+                        if delivery is not None:
+                            delivered[agent] = delivery
+                            break
+                except (redis.ConnectionError, redis.TimeoutError):
+                    raise
+                except Exception:
+                    with log_context(agent=agent):
+                        log.exception("delivering followups for %s failed", agent)
+                    failed.append(agent)
+                    continue
+                again.append(agent)
+            for agent in delivered:
+                self._barrier(agent)
+        self._coord.followups.done_many(decided)
+        return DeliveryRound(
+            delivered=delivered, again=tuple(again),
+            empty=tuple(agent for agent, entries in read.items() if not entries),
+            busy=tuple(agent for agent in with_entries if agent not in held),
+            failed=tuple(failed),
+        )
+
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
+        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+            return self._gate_held(agent, entry, barrier=True)
+
+    def _gate_held(self, agent: str, entry: FollowupEntry, *, barrier: bool) -> Delivery | None:
+        """The gate for one entry, the agent's lock held; ``barrier``: flush after a
+        delivery (else the caller does)."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
-        with log_context(agent=agent, schedule_id=schedule_ids), \
-                self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+        with log_context(agent=agent, schedule_id=schedule_ids):
             delivery = retry_fenced(
-                f"delivery for {agent}", lambda _n: self._deliver(agent, entry)
+                f"delivery for {agent}", lambda _n: self._deliver(agent, entry, barrier=barrier)
             )
         recorder = metrics.get()
         if recorder.enabled:
@@ -321,7 +439,7 @@ class HostBridge:
                 recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
         return delivery
 
-    def _deliver(self, agent: str, entry: FollowupEntry) -> Delivery | None:
+    def _deliver(self, agent: str, entry: FollowupEntry, *, barrier: bool) -> Delivery | None:
         """Append the entry as the user/message of a new turn if the log says it is due
         for delivery; None when it is to be dropped. ``FenceConflict`` re-decides."""
         self._store.flush(agent)
@@ -342,14 +460,18 @@ class HostBridge:
             }),
         ]
         appended = self._store.append(agent, events, expected_seq=turn)
+        if barrier:
+            self._barrier(agent)
+        log.info("delivered followup %s for %s", entry.entry_id, agent)
+        return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)
+
+    def _barrier(self, agent: str) -> None:
         try:
             self._store.flush(agent)
         except PersistenceError as exc:
             # The message is appended: the turn must run. The next preflight confirms
             # its durability.
             log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
-        log.info("delivered followup %s for %s", entry.entry_id, agent)
-        return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)
 
 
 def _stream_id(entry_id: str) -> tuple[int, int]:

@@ -181,18 +181,50 @@ class ReferenceHost:
 
     def serve(self, timeout_s: float = 0.0) -> list[tuple[str, Delivery]]:
         """One round of pushed delivery: wait up to ``timeout_s`` for the agents the bridge
-        names (``HostBridge.ready``), then deliver their followups. An agent whose turn or
-        lock is busy, or whose stream keeps entries another consumer holds, is handed back
-        to the bridge to be named ``later``."""
+        names (``HostBridge.ready``), then deliver their followups, all of them together
+        (``HostBridge.turns`` and ``deliver_many``: the round trips to Redis are shared,
+        each agent's delivery is its own). An agent whose turn or lock is busy, or whose
+        stream keeps entries another consumer holds, is handed back to the bridge to be
+        named ``later``."""
         bridge = self.plugin.bridge
         agents = bridge.ready(timeout_s)
+        try:
+            return self._serve_many([agent for agent in agents if agent in self.agents])
+        except (redis.ConnectionError, redis.TimeoutError):
+            bridge.later(agents, 0.0)
+            raise
+
+    def _serve_many(self, agents: list[str]) -> list[tuple[str, Delivery]]:
+        bridge = self.plugin.bridge
         delivered: list[tuple[str, Delivery]] = []
-        for index, session_id in enumerate(agents):
+        alone: tuple[str, ...] = ()
+        with bridge.turns(agents) as held:
+            bridge.later(set(agents).difference(held), BUSY_RETRY_S)
+            pending: Sequence[str] = held
+            first = True
+            while pending:
+                found = bridge.deliver_many(pending)
+                if first:
+                    alone = found.empty  # looked at alone below, stale entries included
+                    first = False
+                bridge.later(found.busy, BUSY_RETRY_S)
+                bridge.later(found.failed, self.settings.followup_stale_s)
+                for session_id, delivery in found.delivered.items():
+                    self._finish_turn(session_id, delivery.turn, _acknowledge(delivery),
+                                      flush=False)
+                for session_id in found.delivered:
+                    self.store.flush(session_id)
+                for session_id, delivery in found.delivered.items():
+                    delivered.append((session_id, delivery))
+                    if self._on_delivery is not None:
+                        self._on_delivery(session_id, delivery)
+                pending = found.again
+        for index, session_id in enumerate(alone):
             try:
                 with log_context(agent=session_id):
                     delivered.extend((session_id, d) for d in self._serve_one(session_id))
             except (redis.ConnectionError, redis.TimeoutError):
-                bridge.later(agents[index:], 0.0)
+                bridge.later(alone[index:], 0.0)
                 raise
         return delivered
 
@@ -259,7 +291,7 @@ class ReferenceHost:
 
     # -- log helpers ----------------------------------------------------------------
 
-    def _finish_turn(self, session_id: str, turn: int, answer: str) -> None:
+    def _finish_turn(self, session_id: str, turn: int, answer: str, *, flush: bool = True) -> None:
         now = self.clock()
         self._append(session_id, [
             NewEvent(type=STEP_START, time=now, data={"turn": turn, "step": 1}),
@@ -268,7 +300,8 @@ class ReferenceHost:
             NewEvent(type=STEP_END, time=now, data={"turn": turn, "step": 1}),
             NewEvent(type=TURN_END, time=now, data={"turn": turn}),
         ])
-        self.store.flush(session_id)
+        if flush:
+            self.store.flush(session_id)
 
     def _append(self, session_id: str, events: list[NewEvent]) -> int:
         """Append at the current end (retrying fence conflicts); returns the old length."""

@@ -48,14 +48,20 @@ _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 # KEYS[1] the agent's followup stream, KEYS[2] the lease-queue hash, KEYS[3] the ready stream
 # of the queue the caller found in the hash (not touched when it found none).
 # ARGV[1] the agent, ARGV[2] the frame text, ARGV[3] the pairs (compact JSON), ARGV[4] the
-# queue the caller found ('' for none), ARGV[5] the ready stream's length limit.
+# queue the caller found ('' for none), ARGV[5] the ready stream's length limit, ARGV[6] the
+# consumer group.
 # Returns {1, entry id} when the entry is written (and the agent announced on the queue its
 # lease names, when it names one); {0, the queue the hash names now, or ''} when that is not
 # ARGV[4]: nothing is written, and the caller tries again with that queue's ready key.
+# A new stream is created with its consumer group (ARGV[6]), so the host's first read of it
+# finds the group; a host that finds none (a stream from before) creates it then.
 _ADD = """
 local queue = redis.call('HGET', KEYS[2], ARGV[1]) or ''
 if queue ~= ARGV[4] then
   return {0, queue}
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[6], '0', 'MKSTREAM')
 end
 local id = redis.call('XADD', KEYS[1], '*', 'text', ARGV[2], 'pairs', ARGV[3])
 if queue ~= '' then
@@ -135,7 +141,8 @@ class Followups:
             written: Any = self._add(
                 keys=[self._keys.followups(agent), self._keys.lease_queue(),
                       self._keys.ready(found)],
-                args=[agent, text.encode(), encoded.encode(), found, self._ready_maxlen],
+                args=[agent, text.encode(), encoded.encode(), found, self._ready_maxlen,
+                      STREAM_GROUP],
             )
             done, value = written
             if done:
@@ -160,7 +167,7 @@ class Followups:
                     keys=[self._keys.followups(agent), self._keys.lease_queue(),
                           self._keys.ready(found)],
                     args=[agent, text.encode(), _encode_pairs(pairs).encode(), found,
-                          self._ready_maxlen],
+                          self._ready_maxlen, STREAM_GROUP],
                     client=pipe,
                 )
             written: list[Any] = pipe.execute()
@@ -228,6 +235,52 @@ class Followups:
             if found:
                 break
         return found
+
+    def read_many(
+        self, agents: Sequence[str], consumer: str, *, count: int = 16
+    ) -> dict[str, list[FollowupEntry]]:
+        """``read`` (without blocking) for many agents: one pipelined round trip for this
+        consumer's unacknowledged entries, one for new entries of the agents that had
+        none. An agent whose stream has no consumer group yet is read alone, as ``read``
+        does (which creates the group)."""
+        found: dict[str, list[FollowupEntry]] = {}
+        alone: list[str] = []
+        pending = list(dict.fromkeys(agents))
+        for start in ("0", ">"):
+            if not pending:
+                break
+            with self._client.pipeline(transaction=False) as pipe:
+                for agent in pending:
+                    pipe.xreadgroup(STREAM_GROUP, consumer, {self._keys.followups(agent): start},
+                                    count=count)
+                replies: list[Any] = pipe.execute(raise_on_error=False)
+            unread = []
+            for agent, reply in zip(pending, replies, strict=True):
+                if isinstance(reply, redis.ResponseError):
+                    if "NOGROUP" not in str(reply) and "key to exist" not in str(reply):
+                        raise reply
+                    alone.append(agent)
+                    continue
+                entries = [_entry(i, f) for _s, items in reply or [] for i, f in items if f]
+                if entries:
+                    found[agent] = entries
+                else:
+                    unread.append(agent)
+            pending = unread
+        for agent in alone:
+            found[agent] = self.read(agent, consumer, count=count)
+        return {agent: found.get(agent, []) for agent in dict.fromkeys(agents)}
+
+    def done_many(self, entries: Sequence[tuple[str, str]]) -> None:
+        """``done`` for many ``(agent, entry id)``, in one pipelined round trip."""
+        if not entries:
+            return
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent, entry_id in entries:
+                key = self._keys.followups(agent)
+                pipe.xack(key, STREAM_GROUP, entry_id)
+                pipe.xdel(key, entry_id)
+            pipe.execute()
 
     def claim_stale(self, agent: str, consumer: str, *, min_idle_ms: int) -> list[FollowupEntry]:
         """Take over entries another consumer read but never acknowledged (a crashed host)."""

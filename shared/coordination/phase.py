@@ -111,6 +111,14 @@ class AgentPhase:
             self._renew(keys=[self._keys.phase(agent)], args=[owner, int(ttl_s * 1000)])
         )
 
+    def renew_many(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
+        """``renew`` for many agents held under one token, in one pipelined round trip."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                self._renew(keys=[self._keys.phase(agent)],
+                            args=[f"{kind}:{token}", int(ttl_s * 1000)], client=pipe)
+            return [bool(r) for r in pipe.execute()]
+
     def holder(self, agent: str) -> str | None:
         value = self._client.get(self._keys.phase(agent))
         return value.decode() if isinstance(value, bytes) else None

@@ -180,3 +180,66 @@ def test_a_batch_costs_the_same_round_trips_whatever_its_size(
 
     small, large = trips_for(4, "s"), trips_for(40, "l")
     assert small == large, (small, large)
+
+
+# -- the host's side: many agents' followups delivered together ---------------------------
+
+
+def _dispatched(system: EmbeddedSystem, clock: FakeClock, names: Sequence[str]) -> None:
+    _agents_with_reminders(system, names)
+    assert system.host.serve(0.0) == []  # the installs' own looks: nothing is due yet
+    wakes = _targets(system, names)
+    clock.advance(6)
+    assert set(system.owner.wake_many(wakes).values()) == {WakeOutcome.SETTLED}
+
+
+def test_the_host_delivers_many_agents_together_each_once(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    system, clock = _system(redis_client, settings)
+    names = [f"a{i}" for i in range(8)]
+    _dispatched(system, clock, names)
+
+    delivered = system.host.serve(0.0)
+
+    assert sorted(name for name, _d in delivered) == names
+    for name, delivery in delivered:
+        assert reminder_texts(system.store, name) == [delivery.text]
+        assert f"reminder for {name}" in delivery.text
+        assert system.coordination.followups.waiting(name) == 0
+        assert system.coordination.phase.holder(name) is None  # every turn released
+    assert system.host.serve(0.0) == []  # nothing is delivered twice
+
+
+def test_an_agent_in_a_turn_is_handed_back_and_delivered_once_it_ends(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    system, clock = _system(redis_client, settings)
+    _dispatched(system, clock, ["free", "talking"])
+    phase = system.coordination.phase
+    assert phase.claim_turn("talking", "tok", 30)
+
+    first = system.host.serve(0.0)
+
+    assert [name for name, _d in first] == ["free"]
+    assert reminder_texts(system.store, "talking") == []
+    phase.release("talking", "turn", "tok")
+    clock.advance(1.5)  # the bridge names a busy agent again after a second
+    assert [name for name, _d in system.host.serve(0.0)] == ["talking"]
+    assert len(reminder_texts(system.store, "talking")) == 1
+
+
+def test_serving_many_agents_costs_the_same_round_trips_whatever_their_number(
+    real_redis: redis.Redis, settings: Settings, round_trips: list[int]
+) -> None:
+    def trips_for(count: int, tag: str) -> int:
+        system, clock = _system(real_redis, settings)
+        names = [f"{tag}{i}" for i in range(count)]
+        _dispatched(system, clock, names)
+        before = round_trips[0]
+        delivered = system.host.serve(0.0)
+        assert len(delivered) == count
+        return round_trips[0] - before
+
+    small, large = trips_for(4, "s"), trips_for(40, "l")
+    assert small == large, (small, large)
