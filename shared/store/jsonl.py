@@ -15,6 +15,7 @@ The store is for a local filesystem whose ``flock`` and ``fsync`` are coherent.
 from __future__ import annotations
 
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -49,6 +50,8 @@ _OPEN_ATTEMPTS: Final[int] = 5
 DEFAULT_CACHE_MB: Final[int] = 256
 # A fork copies its parent's lines this many bytes at a time.
 _COPY_BLOCK: Final[int] = 1024 * 1024
+# How many sessions' file paths a store keeps formatted.
+_PATHS_KEPT: Final[int] = 65_536
 
 def _open(path: Path, flags: int, session_id: str) -> int:
     try:
@@ -117,6 +120,10 @@ class JsonlStore:
             raise ValueError(f"cache_mb must be a number of MiB >= 0, got {cache_mb!r}")
         self._root = Path(root)
         self._cache = SessionCache(int(cache_mb * 1024 * 1024))
+        # Escaping an id and formatting its path cost more than the file calls on a busy
+        # worker; the paths of recent sessions are kept (a path, once formatted, keeps
+        # its string).
+        self._paths = functools.lru_cache(maxsize=_PATHS_KEPT)(self._new_path)
 
     @property
     def root(self) -> Path:
@@ -124,6 +131,9 @@ class JsonlStore:
 
     def path(self, session_id: str) -> Path:
         """The file of ``session_id`` (ValueError for an id that cannot be escaped)."""
+        return self._paths(session_id)
+
+    def _new_path(self, session_id: str) -> Path:
         return self._root / (escape_session_id(session_id) + SUFFIX)
 
     def parsed_bytes(self, session_id: str) -> int:
