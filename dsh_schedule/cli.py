@@ -393,6 +393,9 @@ def cmd_host(args: argparse.Namespace) -> int:
     )
     for session_id in args.sessions_to_host:
         host.open_root(session_id)
+    from dsh_schedule.shared.collector import tune_for_service
+
+    tune_for_service()
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:

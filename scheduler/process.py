@@ -35,6 +35,7 @@ import redis
 from dsh_schedule import status
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import wall_clock_ms
+from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage
@@ -254,6 +255,7 @@ class SchedulerLoop:
         self.stop = threading.Event()
 
     def run(self) -> int:
+        tune_for_service()
         next_reconcile = 0.0  # the first pass rebuilds
         while not self.stop.is_set():
             try:

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 from rq import Queue, SimpleWorker
 
+from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.outage import Outage
 from dsh_schedule.shared.logging_setup import log_context, rq_level_name
 from dsh_schedule.shared.settings import Settings
@@ -87,6 +88,7 @@ def run_worker(settings: Settings, *, burst: bool = False) -> int:
         raise ValueError("the worker needs a Redis URL")
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
     owner = build_owner(client, settings)
+    tune_for_service()
     outage = Outage(log, "worker")
     stopped = threading.Event()
     logging.getLogger("rq.worker").addFilter(_OutageNoise(outage))
