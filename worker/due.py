@@ -35,6 +35,7 @@ from dsh_schedule.shared.core.records import encode_change
 from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.reproject import reproject, reproject_many
 
@@ -260,6 +261,9 @@ class DueOwner:
         """``_check`` for many agents, their re-projections read and written together."""
         checked: dict[str, FoldState | WakeOutcome | None] = {}
         loaded: list[tuple[str, Session, FoldState]] = []
+        # The preflights' flushes, together; one that failed fails again, and is told,
+        # in its agent's own preflight below.
+        flush_each(self._store, agents)
         for agent in agents:
             with log_context(agent=agent):
                 try:
@@ -367,14 +371,11 @@ class DueOwner:
                      if release is Release.WAITER_WOKEN]
             if woken:
                 self._coord.trigger_many(woken)
-        checked = []
-        for agent in again:
-            stopped = self._barrier(agent)
-            if stopped is None:
-                checked.append(agent)
-            else:
-                outcomes[agent] = stopped
-        return checked
+        failed = flush_each(self._store, again)  # the barriers
+        for agent, exc in failed.items():
+            log.warning("dispatch barrier for %s failed: %s", agent, exc.reason)
+            outcomes[agent] = WakeOutcome.BARRIER_FAILED
+        return [agent for agent in again if agent not in failed]
 
     def _dispatch_together(
         self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
@@ -429,8 +430,9 @@ class DueOwner:
                   for c in plan.changes]
         try:
             self._store.append(agent, events, expected_seq=length)
-        except FenceConflict:
+        except FenceConflict as conflict:
             # Another writer came between: re-decide alone, its suffix confirmed first.
+            log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, conflict)
             try:
                 return retry_fenced(f"dispatch for {agent}",
                                     lambda n: self._dispatch_once(agent, n + 1))

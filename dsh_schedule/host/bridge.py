@@ -46,6 +46,7 @@ from dsh_schedule.shared.core.ledger import LedgerCache, reminder_source
 from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
@@ -388,6 +389,9 @@ class HostBridge:
         again: list[str] = []
         failed: list[str] = []
         with self._coord.locks.hold_many(with_entries) as held:
+            # Every gate flushes first: together here, so each gate's own flush finds
+            # nothing left to do (or fails again, and is told, there).
+            flush_each(self._store, [agent for agent in with_entries if agent in held])
             for agent in with_entries:
                 if agent not in held:
                     continue
@@ -406,8 +410,10 @@ class HostBridge:
                     failed.append(agent)
                     continue
                 again.append(agent)
-            for agent in delivered:
-                self._barrier(agent)
+            for agent, exc in flush_each(self._store, delivered).items():
+                # The message is appended: the turn must run. The next preflight confirms
+                # its durability.
+                log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
         self._coord.followups.done_many(decided)
         return DeliveryRound(
             delivered=delivered, again=tuple(again),

@@ -37,6 +37,7 @@ from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
@@ -212,8 +213,10 @@ class ReferenceHost:
                 for session_id, delivery in found.delivered.items():
                     self._finish_turn(session_id, delivery.turn, _acknowledge(delivery),
                                       flush=False)
-                for session_id in found.delivered:
-                    self.store.flush(session_id)
+                for session_id, exc in flush_each(self.store, found.delivered).items():
+                    # The turn is appended; the next flush of the session confirms it.
+                    log.warning("flush after the turn of %s failed: %s", session_id,
+                                exc.reason)
                 for session_id, delivery in found.delivered.items():
                     delivered.append((session_id, delivery))
                     if self._on_delivery is not None:

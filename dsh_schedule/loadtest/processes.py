@@ -224,9 +224,15 @@ def measure_burst(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) 
         slack_s = (due_ms - wall_clock_ms()) / 1000
         tools.close()
         tails.forget(name for name, ok in zip(names, created, strict=True) if not ok)
+        sampler = CpuSampler(rt.client, rt.pids())
+        rt.sleep(max(0.0, (due_ms - wall_clock_ms()) / 1000))
+        at_due = sampler.read()
         rt.wait(lambda: tails.poll() == 0, max(0.0, slack_s) + 60 + n / DELIVERIES_PER_S,
                 status=lambda: progress.tick(f"{n - errors - tails.pending():,}/"
                                              f"{n - errors:,} delivered"), poll_s=1.0)
+        spent = cores_between(at_due, sampler.read())
+        cpu_s = {name: None if cores is None else round(cores * spent.seconds, 3)
+                 for name, cores in spent.cores.items()}
         followup = [ms - due_ms for ms in tails.dispatched.values()]
         session = [ms - due_ms for ms in tails.delivered.values()]
     finally:
@@ -238,7 +244,7 @@ def measure_burst(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) 
         dispatched=len(followup), delivered=len(session), missing=n - errors - len(session),
         followup=mine_followup, session=mine_session, bare_jobs=bare_count, bare=bare_lat,
         bare_slack_s=round(bare_slack_s, 3),
-        ratio_p99=cost_ratio(mine_followup.p99_ms, bare_lat.p99_ms),
+        ratio_p99=cost_ratio(mine_followup.p99_ms, bare_lat.p99_ms), cpu_s=cpu_s,
     )
 
 

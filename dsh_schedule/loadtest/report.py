@@ -158,6 +158,9 @@ class BurstFigure(msgspec.Struct, frozen=True, kw_only=True):
     bare: Latency
     bare_slack_s: float
     ratio_p99: float | None
+    cpu_s: dict[str, float | None] = {}
+    """CPU seconds each process (``redis-server`` included) spent from the due second
+    until the last delivery."""
 
 
 class ProcessMemoryFigure(msgspec.Struct, frozen=True, kw_only=True):
@@ -368,6 +371,14 @@ def _cores(window: CpuWindow) -> str:
     return ", ".join(f"{role} {_fmt(c)}" for role, c in parts.items())
 
 
+def _cpu(seconds: dict[str, float | None]) -> str:
+    parts: dict[str, float] = {}
+    for name, spent in seconds.items():
+        role = "workers" if name.startswith("worker-") else name
+        parts[role] = parts.get(role, 0.0) + (spent or 0.0)
+    return ", ".join(f"{role} {_fmt(round(c, 2))}" for role, c in parts.items())
+
+
 def _busiest(window: CpuWindow, count: int = 4) -> str:
     top = list(window.commands_by_type.items())[:count]
     return ", ".join(f"{name} {_fmt(rate)}" for name, rate in top) or "-"
@@ -428,6 +439,8 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
         rows.append((f"burst due->followup ({b.agents:,} agents)", _lat(b.followup),
                      _lat(b.bare), _fmt(b.ratio_p99, "x p99")))
         rows.append(("burst due->session", _lat(b.session), "", ""))
+        if b.cpu_s:
+            rows.append(("burst CPU seconds, due->last delivery", _cpu(b.cpu_s), "", ""))
     if (p := f.process_memory) is not None:
         scale = f"{p.sessions:,} x {p.events_per_session:,}"
         rows.append((f"worker RSS after {scale}", _rss(p.worker_rss_bytes, p.worker_hwm_bytes),

@@ -14,6 +14,7 @@ from redis.connection import Connection
 
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.shared.core.due import next_wake_ms
+from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import Event, NewEvent
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -243,3 +244,32 @@ def test_serving_many_agents_costs_the_same_round_trips_whatever_their_number(
 
     small, large = trips_for(4, "s"), trips_for(40, "l")
     assert small == large, (small, large)
+
+
+class _FailingBarrier(MemoryStore):
+    """The flush after ``victim``'s dispatch append fails."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__()
+        self.victim = victim
+
+    def flush(self, session_id: str) -> None:
+        if session_id == self.victim and dispatch_records(self, session_id):
+            raise PersistenceError("disk full")
+        super().flush(session_id)
+
+
+def test_a_failed_barrier_stops_only_its_agent(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    store = _FailingBarrier("unlucky")
+    system, clock = _system(redis_client, settings, store)
+    _agents_with_reminders(system, ["unlucky", "fine"])
+    wakes = _targets(system, ["unlucky", "fine"])
+    clock.advance(6)
+
+    outcomes = system.owner.wake_many(wakes)
+
+    assert outcomes == {"unlucky": WakeOutcome.BARRIER_FAILED, "fine": WakeOutcome.SETTLED}
+    assert len(dispatch_records(store, "fine")) == 1
+    assert len(dispatch_records(store, "unlucky")) == 1  # appended, not yet confirmed
