@@ -40,7 +40,7 @@ WAKE_FUNC: Final = "dsh_schedule.worker.job.wake"
 WAKE_BATCH_FUNC: Final = "dsh_schedule.worker.job.wake_batch"
 WAKE_ID_PREFIX: Final = "wake_"
 WAKE_BATCH: Final = 100
-MOVE_BATCH: Final = 25
+MOVE_BATCH: Final = 100
 MOVE_TAKE: Final = 500
 WAKE_TIMEOUT_S: Final = 120
 
