@@ -49,6 +49,10 @@ CHECK_BATCH: Final = 1_000  # agents per pipelined projection check
 # an idle deployment's reconcile reads a quarter of its agents per pass.
 PROJECTION_SLICES: Final = 4
 MIN_PAUSE_S: Final = 0.01  # the shortest pause between two mover passes
+# How late Redis may end a blocking call's timeout (its clock ticks ten times a second by
+# default), and how often the end of a pause looks for a nudge instead.
+BLOCK_SLACK_S: Final = 0.1
+NUDGE_POLL_S: Final = 0.01
 
 
 class RebuildReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -255,7 +259,6 @@ class SchedulerLoop:
         self.stop = threading.Event()
 
     def run(self) -> int:
-        tune_for_service()
         next_reconcile = 0.0  # the first pass rebuilds
         while not self.stop.is_set():
             try:
@@ -276,33 +279,52 @@ class SchedulerLoop:
                 # Redis may have lost everything: rebuild now
                 next_reconcile = 0.0
                 self._rebuild_next = True
-            self._wait(self._pause_s())
+            pause_s, exact = self._pause_s()
+            self._wait(pause_s, exact=exact)
         log.info("scheduler stopped")
         return 0
 
-    def _wait(self, pause_s: float) -> None:
+    def _wait(self, pause_s: float, *, exact: bool) -> None:
         """Block until the next pass: ``pause_s``, or sooner when a wake is armed (the
         nudge list). An idle scheduler therefore costs one pass per interval, and a wake
-        armed for a moment before the next known due time is moved on time."""
+        armed for a moment before the next known due time is moved on time.
+
+        Redis ends a blocking call's timeout only on one of its clock ticks (ten a second
+        at its default ``hz``), so a blocking pop may return up to ``BLOCK_SLACK_S`` late.
+        When the pause ends at a wake's due time (``exact``), the block therefore ends that
+        much early, and the rest is slept out here, looking for a nudge every
+        ``NUDGE_POLL_S``."""
         if self.stop.is_set():
             return
+        deadline = time.monotonic() + pause_s
+        client, nudge = self._coord.client, self._coord.keys.mover_nudge()
         try:
-            self._coord.client.blpop([self._coord.keys.mover_nudge()], timeout=pause_s)
+            block_s = pause_s - BLOCK_SLACK_S if exact else pause_s
+            if block_s >= MIN_PAUSE_S and client.blpop([nudge], timeout=block_s):
+                return
+            while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                self.stop.wait(min(left, NUDGE_POLL_S))
+                if client.lpop(nudge) is not None:
+                    return
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.stop.wait(self._outage.failed(exc))
 
-    def _pause_s(self) -> float:
-        """Until the next pass: the mover interval, or less when the earliest wake left
-        in the schedule is due sooner (never under ``MIN_PAUSE_S``: passes closer than
-        that would hand each wake on in an rq job of its own), or ``MIN_PAUSE_S`` when
-        another scheduler held the mover lock (its pass may have missed a new wake)."""
+    def _pause_s(self) -> tuple[float, bool]:
+        """Until the next pass, and whether it ends at a wake's due time: the mover
+        interval, or less when the earliest wake left in the schedule is due sooner
+        (never under ``MIN_PAUSE_S``: passes closer than that would hand each wake on in
+        an rq job of its own), or ``MIN_PAUSE_S`` when another scheduler held the mover
+        lock (its pass may have missed a new wake)."""
         interval = self._settings.mover_interval_s
         if not self._moved:
-            return MIN_PAUSE_S
+            return MIN_PAUSE_S, True
         next_due = self._coord.wakes.next_due_ms
         if next_due is None:
-            return interval
-        return max(MIN_PAUSE_S, min(interval, (next_due - wall_clock_ms()) / 1000))
+            return interval, False
+        until_due = (next_due - wall_clock_ms()) / 1000
+        if until_due >= interval:
+            return interval, False
+        return max(MIN_PAUSE_S, until_due), True
 
     def _beat(self) -> None:
         """Refresh the scheduler heartbeat, at most every ``HEARTBEAT_EVERY_S``."""
@@ -348,6 +370,7 @@ def run_scheduler(settings: Settings) -> int:
         raise ValueError("the scheduler needs a Redis URL")
     client = redis.Redis.from_url(settings.redis_url)
     loop = SchedulerLoop(Coordination(client, settings), settings)
+    tune_for_service()
     loop.install_signal_handlers()
     log.info("scheduler moving wakes every %g s", settings.mover_interval_s)
     return loop.run()

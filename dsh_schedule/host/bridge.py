@@ -39,6 +39,7 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START, FollowupEntry, Pair
+from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
@@ -75,6 +76,17 @@ class DeliveryRound(msgspec.Struct, frozen=True, kw_only=True):
     empty: tuple[str, ...]
     busy: tuple[str, ...]
     failed: tuple[str, ...]
+
+
+class _Decided:
+    """What a ``deliver_many`` round decided so far."""
+
+    def __init__(self) -> None:
+        self.delivered: dict[str, Delivery] = {}
+        self.entries: list[tuple[str, str]] = []  # (agent, entry id) to acknowledge
+        self.again: list[str] = []
+        self.busy: list[str] = []
+        self.failed: list[str] = []
 
 
 class TurnBusy(Exception):
@@ -378,49 +390,62 @@ class HostBridge:
     def deliver_many(self, agents: Sequence[str]) -> DeliveryRound:
         """``deliver_next`` for many agents whose turns the caller holds, at most one
         delivery each, with the round trips shared: their streams read in one or two
-        pipelined calls (``Followups.read_many``), their locks taken together (a busy one is
-        not waited for), every decided entry acknowledged together. Each entry still
-        passes the gate on its own, under its agent's lock, with its own fenced append and
-        barrier flush. Call again with ``again`` until it is empty."""
+        pipelined calls (``Followups.read_many``), their free locks taken together, every
+        decided entry acknowledged together. Each entry still passes the gate on its own,
+        under its agent's lock, with its own fenced append and barrier flush. An agent
+        whose lock was busy (a due transaction is finishing) is then served alone, waiting
+        for its lock as ``deliver_next`` does. Call again with ``again`` until it is
+        empty."""
         read = self._coord.followups.read_many(agents, self.consumer)
         with_entries = [agent for agent, entries in read.items() if entries]
-        delivered: dict[str, Delivery] = {}
-        decided: list[tuple[str, str]] = []
-        again: list[str] = []
-        failed: list[str] = []
+        decided = _Decided()
         with self._coord.locks.hold_many(with_entries) as held:
             # Every gate flushes first: together here, so each gate's own flush finds
             # nothing left to do (or fails again, and is told, there).
             flush_each(self._store, [agent for agent in with_entries if agent in held])
             for agent in with_entries:
-                if agent not in held:
-                    continue
-                try:
-                    for entry in read[agent]:
-                        delivery = self._gate_held(agent, entry, barrier=False)
-                        decided.append((agent, entry.entry_id))
-                        if delivery is not None:
-                            delivered[agent] = delivery
-                            break
-                except (redis.ConnectionError, redis.TimeoutError):
-                    raise
-                except Exception:
-                    with log_context(agent=agent):
-                        log.exception("delivering followups for %s failed", agent)
-                    failed.append(agent)
-                    continue
-                again.append(agent)
-            for agent, exc in flush_each(self._store, delivered).items():
+                if agent in held:
+                    self._decide(agent, read[agent], decided, barrier=False)
+            for agent, exc in flush_each(self._store, decided.delivered).items():
                 # The message is appended: the turn must run. The next preflight confirms
                 # its durability.
                 log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
-        self._coord.followups.done_many(decided)
+        for agent in with_entries:
+            if agent not in held:
+                self._decide(agent, read[agent], decided, barrier=True)
+        self._coord.followups.done_many(decided.entries)
         return DeliveryRound(
-            delivered=delivered, again=tuple(again),
+            delivered=decided.delivered, again=tuple(decided.again),
             empty=tuple(agent for agent, entries in read.items() if not entries),
-            busy=tuple(agent for agent in with_entries if agent not in held),
-            failed=tuple(failed),
+            busy=tuple(decided.busy), failed=tuple(decided.failed),
         )
+
+    def _decide(self, agent: str, entries: Sequence[FollowupEntry], decided: _Decided, *,
+                barrier: bool) -> None:
+        """Gate ``entries`` in order until one is delivered, noting what was decided. With
+        ``barrier``, each gate takes the agent's lock itself (waiting for it) and flushes
+        after a delivery; else the caller holds the lock and flushes."""
+        try:
+            for entry in entries:
+                if barrier:
+                    delivery = self._gate(agent, entry)
+                else:
+                    delivery = self._gate_held(agent, entry, barrier=False)
+                decided.entries.append((agent, entry.entry_id))
+                if delivery is not None:
+                    decided.delivered[agent] = delivery
+                    break
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except LockUnavailable:
+            decided.busy.append(agent)
+            return
+        except Exception:
+            with log_context(agent=agent):
+                log.exception("delivering followups for %s failed", agent)
+            decided.failed.append(agent)
+            return
+        decided.again.append(agent)
 
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
         with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -48,6 +49,7 @@ TOOL_RESULT = "tool/result"
 
 BLOCK_S: Final = 1.0  # the longest one blocking read of the ready stream waits in ``run``
 TURN_WAIT_S: Final = 0.1  # how long serving waits for an agent's turn before moving on
+TURN_POLL_S: Final = 0.02  # how often it tries a busy turn again meanwhile
 # When an agent whose turn or lock was busy is looked at again (the end of a turn of this
 # host names it at once anyway).
 BUSY_RETRY_S: Final = 1.0
@@ -196,32 +198,23 @@ class ReferenceHost:
             raise
 
     def _serve_many(self, agents: list[str]) -> list[tuple[str, Delivery]]:
+        """Deliver for ``agents`` in their turns, claimed together; a turn that is busy
+        (a dispatch still holds the agent for a moment) is tried again every
+        ``TURN_POLL_S`` for up to ``TURN_WAIT_S``, then handed back ``later``."""
         bridge = self.plugin.bridge
         delivered: list[tuple[str, Delivery]] = []
-        alone: tuple[str, ...] = ()
-        with bridge.turns(agents) as held:
-            bridge.later(set(agents).difference(held), BUSY_RETRY_S)
-            pending: Sequence[str] = held
-            first = True
-            while pending:
-                found = bridge.deliver_many(pending)
-                if first:
-                    alone = found.empty  # looked at alone below, stale entries included
-                    first = False
-                bridge.later(found.busy, BUSY_RETRY_S)
-                bridge.later(found.failed, self.settings.followup_stale_s)
-                for session_id, delivery in found.delivered.items():
-                    self._finish_turn(session_id, delivery.turn, _acknowledge(delivery),
-                                      flush=False)
-                for session_id, exc in flush_each(self.store, found.delivered).items():
-                    # The turn is appended; the next flush of the session confirms it.
-                    log.warning("flush after the turn of %s failed: %s", session_id,
-                                exc.reason)
-                for session_id, delivery in found.delivered.items():
-                    delivered.append((session_id, delivery))
-                    if self._on_delivery is not None:
-                        self._on_delivery(session_id, delivery)
-                pending = found.again
+        alone: list[str] = []
+        deadline = time.monotonic() + TURN_WAIT_S
+        waiting = agents
+        while waiting:
+            with bridge.turns(waiting) as held:
+                busy = [agent for agent in waiting if agent not in set(held)]
+                alone.extend(self._deliver_in_turns(held, delivered))
+            if not busy or time.monotonic() + TURN_POLL_S > deadline:
+                bridge.later(busy, BUSY_RETRY_S)
+                break
+            time.sleep(TURN_POLL_S)
+            waiting = busy
         for index, session_id in enumerate(alone):
             try:
                 with log_context(agent=session_id):
@@ -230,6 +223,36 @@ class ReferenceHost:
                 bridge.later(alone[index:], 0.0)
                 raise
         return delivered
+
+    def _deliver_in_turns(
+        self, held: Sequence[str], delivered: list[tuple[str, Delivery]]
+    ) -> tuple[str, ...]:
+        """Deliver every followup of these agents, whose turns are held, one round of
+        ``deliver_many`` at a time, appending to ``delivered``; returns the agents it
+        found nothing for (another consumer may hold their entries: looked at alone)."""
+        bridge = self.plugin.bridge
+        alone: tuple[str, ...] = ()
+        pending: Sequence[str] = held
+        first = True
+        while pending:
+            found = bridge.deliver_many(pending)
+            if first:
+                alone = found.empty
+                first = False
+            bridge.later(found.busy, BUSY_RETRY_S)
+            bridge.later(found.failed, self.settings.followup_stale_s)
+            for session_id, delivery in found.delivered.items():
+                self._finish_turn(session_id, delivery.turn, _acknowledge(delivery),
+                                  flush=False)
+            for session_id, exc in flush_each(self.store, found.delivered).items():
+                # The turn is appended; the next flush of the session confirms it.
+                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+            for session_id, delivery in found.delivered.items():
+                delivered.append((session_id, delivery))
+                if self._on_delivery is not None:
+                    self._on_delivery(session_id, delivery)
+            pending = found.again
+        return alone
 
     def _serve_one(self, session_id: str) -> list[Delivery]:
         bridge = self.plugin.bridge

@@ -85,6 +85,13 @@ class RecordingFollowups(Followups):
              block_ms: int | None = None) -> list[FollowupEntry]:
         return self._note(agent, super().read(agent, consumer, count=count, block_ms=block_ms))
 
+    def read_many(self, agents: Sequence[str], consumer: str, *,
+                  count: int = 16) -> dict[str, list[FollowupEntry]]:
+        found = super().read_many(agents, consumer, count=count)
+        for agent, entries in found.items():
+            self._note(agent, entries)
+        return found
+
     def claim_stale(self, agent: str, consumer: str, *, min_idle_ms: int) -> list[FollowupEntry]:
         return self._note(agent, super().claim_stale(agent, consumer, min_idle_ms=min_idle_ms))
 
