@@ -19,7 +19,7 @@ from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
 from dsh_schedule.shared.coordination.lock import AgentLocks
 from dsh_schedule.shared.coordination.phase import AgentPhase
-from dsh_schedule.shared.coordination.wake import ArmRequest, WakeProjection
+from dsh_schedule.shared.coordination.wake import ArmFacts, ArmRequest, WakeProjection
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.settings import Settings
@@ -73,19 +73,40 @@ class Coordination:
         """
         if not folds:
             return []
-        queues = self.leases.live_queues([agent for agent, _state in folds], now_ms=now_ms)
-        requests = [
-            ArmRequest(agent, next_wake_ms(state, now_ms), queues[agent])
-            for agent, state in folds
-            if agent in queues
-        ]
-        armed = dict(zip((r.agent for r in requests), self.wakes.arm_many(requests), strict=True))
-        by_queue: dict[str, list[str]] = {}
-        for agent, queue in queues.items():
-            by_queue.setdefault(queue, []).append(agent)
-        announced = self.followups.announce_stale(by_queue, older_than_ms=self.followup_stale_ms)
-        if announced:
-            log.info("announced %d stale followup stream(s) again", len(announced))
+        targets = [(agent, next_wake_ms(state, now_ms)) for agent, state in folds]
+        # One read for everything arming and announcing need: the server's clock, and per
+        # agent its lease and queue, its current wake, its oldest followup entry.
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for agent, target_ms in targets:
+                self.leases.live_queue_commands(agent, pipe)
+                pipe.xrange(self.keys.followups(agent), count=1)
+                self.wakes.arm_facts_commands(agent, target_ms, pipe)
+            replies = iter(pipe.execute())
+        seconds, micros = next(replies)
+        server_ms = int(seconds) * 1000 + int(micros) // 1000
+        requests: list[ArmRequest] = []
+        facts: list[ArmFacts] = []
+        stale_by_queue: dict[str, list[str]] = {}
+        for agent, target_ms in targets:
+            score, queue, oldest = next(replies), next(replies), next(replies)
+            fact = self.wakes.arm_facts_reply(replies, target_ms)
+            found = self.leases.live_queue_reply(score, queue, now_ms=now_ms)
+            if found is None:
+                continue  # not live: nothing is armed
+            requests.append(ArmRequest(agent, target_ms, found))
+            facts.append(fact)
+            if oldest and server_ms - stream_id_ms(_text(oldest[0][0])) >= self.followup_stale_ms:
+                stale_by_queue.setdefault(found, []).append(agent)
+        armed = dict(zip((r.agent for r in requests),
+                         self.wakes.arm_many(requests, facts=facts), strict=True))
+        if stale_by_queue:
+            # The script checks each stream's age again, atomically.
+            announced = self.followups.announce_stale(
+                stale_by_queue, older_than_ms=self.followup_stale_ms
+            )
+            if announced:
+                log.info("announced %d stale followup stream(s) again", len(announced))
         return [armed.get(agent) for agent, _state in folds]
 
     def trigger_many(self, agents: Sequence[str]) -> int:

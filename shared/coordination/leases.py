@@ -108,15 +108,27 @@ class Leases:
             return {}
         with self._client.pipeline(transaction=False) as pipe:
             for agent in agents:
-                pipe.zscore(self._keys.live(), agent)
-                pipe.hget(self._keys.lease_queue(), agent)
+                self.live_queue_commands(agent, pipe)
             replies = pipe.execute()
         found: dict[str, str] = {}
         for index, agent in enumerate(agents):
-            score, queue = replies[2 * index], replies[2 * index + 1]
-            if score is not None and score >= now_ms:
-                found[agent] = self._queue(queue)
+            queue = self.live_queue_reply(replies[2 * index], replies[2 * index + 1],
+                                          now_ms=now_ms)
+            if queue is not None:
+                found[agent] = queue
         return found
+
+    def live_queue_commands(self, agent: str, pipe: Any) -> None:
+        """Queue on ``pipe`` the two reads ``live_queue_reply`` decides from."""
+        pipe.zscore(self._keys.live(), agent)
+        pipe.hget(self._keys.lease_queue(), agent)
+
+    def live_queue_reply(self, score: Any, queue: Any, *, now_ms: int) -> str | None:
+        """The agent's queue when its lease is valid at ``now_ms`` (None: not live), from
+        the replies of ``live_queue_commands``."""
+        if score is not None and score >= now_ms:
+            return self._queue(queue)
+        return None
 
     def queue_of(self, agent: str) -> str:
         """The queue beside the agent's session store (the default when none is known)."""

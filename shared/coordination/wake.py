@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -43,6 +43,17 @@ WAKE_BATCH: Final = 100
 MOVE_BATCH: Final = 100
 MOVE_TAKE: Final = 500
 WAKE_TIMEOUT_S: Final = 120
+
+
+# KEYS[1] the agent's current-wake pointer, KEYS[2] rq-scheduler's schedule. Returns the
+# current wake id and its score ({nil, nil}: no current wake; {id, nil}: not scheduled).
+_CURRENT = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return {false, false}
+end
+return {current, redis.call('ZSCORE', KEYS[2], current)}
+"""
 
 
 def wake_score(target_ms: int) -> float:
@@ -220,6 +231,16 @@ class ArmRequest(NamedTuple):
     queue: str
 
 
+class ArmFacts(NamedTuple):
+    """What arming an agent's wake must know first: its current wake (None: none) and
+    that wake's score in the schedule (None: not scheduled), and whether a job already
+    holds the id the new wake would take."""
+
+    previous: str | None
+    previous_score: float | None
+    taken: bool
+
+
 class ScheduledWake(msgspec.Struct, frozen=True, array_like=True):
     """A scheduled wake the mover handed on: the agent and the target it was armed for."""
 
@@ -267,6 +288,7 @@ class WakeProjection:
         # scheduler that dies holding it stalls the others' movers no longer than that.
         self.scheduler = PrefixedScheduler(keys, connection=client, interval=1)
         self._unschedule_script = client.register_script(_UNSCHEDULE)
+        self._current_script = client.register_script(_CURRENT)
 
     def current(self, agent: str) -> str | None:
         value = self._client.get(self._keys.current_wake(agent))
@@ -279,40 +301,38 @@ class WakeProjection:
         """Make ``target_ms`` the agent's one current wake (None: no wake). Hold the lock."""
         return self.arm_many([ArmRequest(agent, target_ms, queue)])[0]
 
-    def arm_many(self, requests: Sequence[ArmRequest]) -> list[str | None]:
-        """``arm`` for many agents in two pipelined reads and one write; hold every
-        agent's lock. Returns each agent's current wake id (None: no wake). An agent
-        already armed for exactly that target keeps its wake; any other target, even in
-        the same second, supersedes it."""
-        with self._client.pipeline(transaction=False) as pipe:
-            for r in requests:
-                pipe.get(self._keys.current_wake(r.agent))
-            current = [v.decode() if isinstance(v, bytes) else None for v in pipe.execute()]
-        with self._client.pipeline(transaction=False) as pipe:
-            for r, previous in zip(requests, current, strict=True):
-                if r.target_ms is not None:
-                    base = wake_job_id(r.agent, r.target_ms)
-                    pipe.exists(Job.key_for(base))
-                    pipe.zscore(self.scheduler.scheduled_jobs_key, previous or base)
-            facts = iter(pipe.execute())
+    def arm_many(
+        self, requests: Sequence[ArmRequest], *, facts: Sequence[ArmFacts] | None = None
+    ) -> list[str | None]:
+        """``arm`` for many agents in one pipelined read and one write; hold every agent's
+        lock. Returns each agent's current wake id (None: no wake). An agent already armed
+        for exactly that target keeps its wake; any other target, even in the same
+        second, supersedes it. ``facts``: each request's ``ArmFacts``, when the caller has
+        just read them in a pipeline of its own (``arm_facts_commands``)."""
+        if facts is None:
+            with self._client.pipeline(transaction=False) as pipe:
+                for r in requests:
+                    self.arm_facts_commands(r.agent, r.target_ms, pipe)
+                replies = iter(pipe.execute())
+            facts = [self.arm_facts_reply(replies, r.target_ms) for r in requests]
         results: list[str | None] = []
         nudge = False
         with self._client.pipeline() as pipe:
-            for r, previous in zip(requests, current, strict=True):
+            for r, fact in zip(requests, facts, strict=True):
+                previous = fact.previous
                 if r.target_ms is None:
                     self._retire(r.agent, previous, pipe)
                     results.append(None)
                     continue
                 job_id = wake_job_id(r.agent, r.target_ms)
-                taken, previous_score = next(facts), next(facts)
                 if (
                     previous is not None
                     and (previous == job_id or previous.startswith(f"{job_id}_"))
-                    and previous_score == wake_score(r.target_ms)
+                    and fact.previous_score == wake_score(r.target_ms)
                 ):
                     results.append(previous)  # already armed for this very target
                     continue
-                if taken:
+                if fact.taken:
                     # Scheduled for another millisecond, queued, running or failed under
                     # this id: never re-schedule it.
                     job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
@@ -326,6 +346,27 @@ class WakeProjection:
                 pipe.ltrim(self._keys.mover_nudge(), 0, 0)
             pipe.execute()
         return results
+
+    def arm_facts_commands(self, agent: str, target_ms: int | None, pipe: Pipeline) -> None:
+        """Queue on ``pipe`` the reads ``arm_facts_reply`` decodes: the agent's current
+        wake and its score (one script), and whether a job already holds the id a wake
+        for ``target_ms`` would take."""
+        self._current_script(
+            keys=[self._keys.current_wake(agent), self.scheduler.scheduled_jobs_key],
+            client=pipe,
+        )
+        if target_ms is not None:
+            pipe.exists(Job.key_for(wake_job_id(agent, target_ms)))
+
+    def arm_facts_reply(self, replies: Iterator[Any], target_ms: int | None) -> ArmFacts:
+        """The ``ArmFacts`` from the next replies of ``arm_facts_commands``."""
+        previous, score = next(replies)
+        taken = bool(next(replies)) if target_ms is not None else False
+        return ArmFacts(
+            previous=previous.decode() if isinstance(previous, bytes) else None,
+            previous_score=float(score) if score is not None else None,
+            taken=taken,
+        )
 
     def _schedule(
         self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
