@@ -1,9 +1,13 @@
-"""The due transaction: a wake's work for one agent (docs/architecture.md#the-due-transaction).
+"""The due transaction: a wake's work (docs/architecture.md#the-due-transaction), performed
+for a batch of wakes at once (docs/architecture.md#batched-due-transactions); a single wake
+is a batch of one.
 
-Every step is a named method whose result is either what the next step needs or the
-``WakeOutcome`` that ends the wake. The log stays the authority: followups are written
-before the fenced dispatch append, so a crash can only leave an entry without a dispatch
-(the host drops it) or a dispatch without an entry (re-projection re-adds it).
+Every step is a named method that fills in the ``WakeOutcome`` of each agent it stops and
+hands the others on to the next step; each agent is decided, fenced and flushed on its
+own, while the batch shares its round trips to Redis. The log stays the authority:
+followups are written before the fenced dispatch append, so a crash can only leave an
+entry without a dispatch (the host drops it) or a dispatch without an entry
+(re-projection re-adds it).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
-from dsh_schedule.worker.reproject import reproject, reproject_many
+from dsh_schedule.worker.reproject import reproject_many
 
 log = logging.getLogger(__name__)
 
@@ -103,42 +107,13 @@ class DueOwner:
         self._ledgers = LedgerCache()
 
     def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
-        """Handle one wake: stale and duplicate wakes find nothing due and return.
+        """Handle one wake (a batch of one): stale and duplicate wakes find nothing due
+        and return.
 
         Lines logged meanwhile carry the agent; the wake's outcome and duration are
         recorded in the metrics (docs/architecture.md#operations)."""
-        recorder = metrics.get()
-        started = time.perf_counter()
-        outcome = WakeOutcome.FAILED
         with log_context(agent=agent):
-            try:
-                outcome = self._wake(agent, target_ms)
-            except redis.RedisError as exc:
-                # The records stay active; a new lease or the reconcile pass wakes the agent.
-                recorder.redis_error()
-                log.warning("wake for %s: Redis unavailable (%s)", agent, type(exc).__name__)
-                outcome = WakeOutcome.REDIS_UNAVAILABLE
-            finally:
-                recorder.due_transaction(time.perf_counter() - started)
-                recorder.wake(outcome.value)
-        return outcome
-
-    def _wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
-        if not self._coord.leases.is_live(agent, now_ms=self._clock()):
-            log.debug("wake for %s: not live", agent)
-            return WakeOutcome.NOT_LIVE
-        if target_ms is not None:
-            self._sleep_out_skew(agent, target_ms)
-        try:
-            with self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s):
-                settled = self._rounds(agent)
-                if isinstance(settled, WakeOutcome):
-                    return settled
-                self._coord.rearm(agent, settled, self._clock())
-                return WakeOutcome.SETTLED
-        except LockUnavailable:
-            log.debug("wake for %s: lock busy, the holder re-arms", agent)
-            return WakeOutcome.LOCK_BUSY
+            return self.wake_many([(agent, target_ms)])[agent]
 
     def _sleep_out_skew(self, agent: str, target_ms: int) -> None:
         """Sleep out a scheduled wake that arrives less than ``early_sleep_s`` before its
@@ -181,9 +156,8 @@ class DueOwner:
             targets.setdefault(agent, target_ms)
         recorder = metrics.get()
         started = time.perf_counter()
-        busy: list[str] = []
         try:
-            outcomes, busy = self._wake_many(targets)
+            outcomes = self._wake_many(targets)
         except redis.RedisError as exc:
             # The records stay active; a new lease or the reconcile pass wakes them.
             recorder.redis_error()
@@ -194,16 +168,13 @@ class DueOwner:
         for outcome in outcomes.values():
             recorder.due_transaction(elapsed)  # each agent's transaction took the batch's
             recorder.wake(outcome.value)
-        for agent in busy:
-            with log_context(agent=agent):
-                outcomes[agent] = self.wake(agent, targets[agent])
         return {agent: outcomes[agent] for agent in targets}
 
-    def _wake_many(
-        self, targets: dict[str, int | None]
-    ) -> tuple[dict[str, WakeOutcome], list[str]]:
+    def _wake_many(self, targets: dict[str, int | None]) -> dict[str, WakeOutcome]:
         live = set(self._coord.leases.live_among(list(targets), now_ms=self._clock()))
         outcomes = {agent: WakeOutcome.NOT_LIVE for agent in targets if agent not in live}
+        for agent in outcomes:
+            log.debug("wake for %s: not live", agent)
         order = [agent for agent in targets if agent in live]
         timed = [(target, agent) for agent in order if (target := targets[agent]) is not None]
         if timed:
@@ -213,23 +184,16 @@ class DueOwner:
             busy = [agent for agent in order if agent not in held]
             settled = self._rounds_many([agent for agent in order if agent in held], outcomes)
             self._coord.rearm_many(settled, self._clock())
-        return outcomes, busy
-
-    def _rounds(self, agent: str) -> FoldState | WakeOutcome:
-        """Dispatch until nothing is due; the settled fold to arm from, or the outcome
-        that stopped the wake."""
-        for _ in range(MAX_ROUNDS):
-            checked = self._check(agent)
-            if checked is not None:
-                return checked
-            stopped = self._dispatch_in_phase(agent)
-            if stopped is not None:
-                return stopped
-            stopped = self._barrier(agent)
-            if stopped is not None:
-                return stopped
-        log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
-        return WakeOutcome.STILL_DUE
+        for agent in busy:  # its lock is busy: wait for it, then decide it alone
+            with log_context(agent=agent):
+                try:
+                    with self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s):
+                        settled = self._rounds_many([agent], outcomes)
+                        self._coord.rearm_many(settled, self._clock())
+                except LockUnavailable:
+                    log.debug("wake for %s: lock busy, the holder re-arms", agent)
+                    outcomes[agent] = WakeOutcome.LOCK_BUSY
+        return outcomes
 
     def _rounds_many(
         self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
@@ -261,13 +225,13 @@ class DueOwner:
         """``_check`` for many agents, their re-projections read and written together."""
         checked: dict[str, FoldState | WakeOutcome | None] = {}
         loaded: list[tuple[str, Session, FoldState]] = []
-        # The preflights' flushes, together; one that failed fails again, and is told,
-        # in its agent's own preflight below.
-        flush_each(self._store, agents)
+        # The preflights' flushes, together. A failed one stops its agent: a flush that
+        # succeeds after a failed one does not prove the earlier bytes durable.
+        unflushed = flush_each(self._store, agents)
         for agent in agents:
             with log_context(agent=agent):
                 try:
-                    found = self._preflight(agent)
+                    found = self._preflight(agent, unflushed.get(agent))
                     if not isinstance(found, WakeOutcome):
                         self._ledgers.ledger(agent, found[0])  # a corrupt one stops here
                 except ScheduleLogError as exc:
@@ -292,23 +256,13 @@ class DueOwner:
             checked[agent] = state if isinstance(due_decision(state, now), Wait) else None
         return checked
 
-    def _check(self, agent: str) -> FoldState | WakeOutcome | None:
-        """Preflight, re-project, decide: the settled fold when nothing is due, the
-        outcome that stops the wake, or None when a dispatch is due now."""
-        loaded = self._preflight(agent)
-        if isinstance(loaded, WakeOutcome):
-            return loaded
-        session, state = loaded
-        stopped = self._reproject(agent, session)
-        if stopped is not None:
-            return stopped
-        if isinstance(due_decision(state, self._clock()), Wait):
-            return state
-        return None
-
-    def _preflight(self, agent: str) -> tuple[Session, FoldState] | WakeOutcome:
+    def _preflight(
+        self, agent: str, flush_failure: PersistenceError | None
+    ) -> tuple[Session, FoldState] | WakeOutcome:
+        """The fold of the flushed log (``flush_failure``: how its flush failed)."""
         try:
-            self._store.flush(agent)
+            if flush_failure is not None:
+                raise flush_failure
             return self._store.load(agent)
         except PersistenceError as exc:
             log.warning("due preflight for %s failed: %s", agent, exc.reason)
@@ -316,32 +270,6 @@ class DueOwner:
         except ScheduleLogError as exc:
             log.error("corrupt schedule log for %s, arming nothing: %s", agent, exc)
             return WakeOutcome.CORRUPT_LOG
-
-    def _reproject(self, agent: str, session: Session) -> WakeOutcome | None:
-        try:
-            added = reproject(self._coord.followups, agent, session, self._ledgers)
-        except ScheduleLogError as exc:
-            log.error("cannot re-project followups for %s: %s", agent, exc)
-            return WakeOutcome.CORRUPT_LOG
-        if added:
-            metrics.get().delivery("reprojected", added)
-            log.info("re-projected %d lost followup(s) for %s", added, agent)
-        return None
-
-    def _dispatch_in_phase(self, agent: str) -> WakeOutcome | None:
-        """Claim maintenance, dispatch once, release; the outcome when the wake stops."""
-        token = uuid.uuid4().hex
-        phase = self._coord.phase
-        if not phase.claim_maintenance(agent, token, self._settings.maintenance_ttl_s):
-            log.debug("agent %s busy: idle waiter registered", agent)
-            return WakeOutcome.WAITING_FOR_IDLE
-        try:
-            if not self._coord.leases.is_live(agent, now_ms=self._clock()):
-                return WakeOutcome.NOT_LIVE
-            return self._dispatch(agent)
-        finally:
-            if phase.release(agent, "maintenance", token) is Release.WAITER_WOKEN:
-                self._coord.trigger(agent)
 
     def _dispatch_many(self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]) -> list[str]:
         """``_dispatch_in_phase`` then ``_barrier`` for many agents: their phases claimed
@@ -459,15 +387,6 @@ class DueOwner:
         log.info("dispatched %s for %s", ", ".join(pair.scheduleId for pair in plan.pairs),
                  agent)
 
-    def _dispatch(self, agent: str) -> WakeOutcome | None:
-        """Re-decide with the phase held and write one dispatch (followup, then the fenced
-        append); the outcome when nothing could be written."""
-        try:
-            return retry_fenced(f"dispatch for {agent}", lambda n: self._dispatch_once(agent, n))
-        except FenceRetriesExhausted as exc:
-            log.warning("%s", exc)
-            return WakeOutcome.DISPATCH_ABANDONED
-
     def _dispatch_once(self, agent: str, attempt: int) -> WakeOutcome | None:
         try:
             if attempt:
@@ -504,12 +423,4 @@ class DueOwner:
                 return WakeOutcome.DISPATCH_ABANDONED
             crash_point("after-append")
             self._dispatched(agent, decision, plan, written_ms)
-        return None
-
-    def _barrier(self, agent: str) -> WakeOutcome | None:
-        try:
-            self._store.flush(agent)
-        except PersistenceError as exc:
-            log.warning("dispatch barrier for %s failed: %s", agent, exc.reason)
-            return WakeOutcome.BARRIER_FAILED
         return None

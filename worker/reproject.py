@@ -16,17 +16,12 @@ from dsh_schedule.shared.core.events import Session
 from dsh_schedule.shared.core.ledger import LedgerCache
 
 
-def reproject(followups: Followups, agent: str, session: Session, cache: LedgerCache) -> int:
-    """Re-add every lost followup; returns how many entries were added."""
-    return reproject_many(followups, [(agent, session)], cache)[agent]
-
-
 def reproject_many(
     followups: Followups, sessions: Sequence[tuple[str, Session]], cache: LedgerCache
 ) -> dict[str, int]:
-    """``reproject`` for many agents: one pipelined read of the streams of the agents
-    with an undelivered dispatch, one pipelined write of what is missing. How many
-    entries were added, per agent."""
+    """Re-add every lost followup of these agents: one pipelined read of the streams of
+    the agents with an undelivered dispatch, one pipelined write of what is missing. How
+    many entries were added, per agent."""
     added = {agent: 0 for agent, _session in sessions}
     undelivered = [(agent, ledger, missing) for agent, session in sessions
                    if (missing := (ledger := cache.ledger(agent, session)).undelivered())]

@@ -401,10 +401,15 @@ class HostBridge:
         decided = _Decided()
         with self._coord.locks.hold_many(with_entries) as held:
             # Every gate flushes first: together here, so each gate's own flush finds
-            # nothing left to do (or fails again, and is told, there).
-            flush_each(self._store, [agent for agent in with_entries if agent in held])
+            # nothing left to do. A failed one stops its agent: a flush that succeeds
+            # after a failed one does not prove the earlier bytes durable.
+            unflushed = flush_each(self._store, [a for a in with_entries if a in held])
             for agent in with_entries:
-                if agent in held:
+                if agent in unflushed:
+                    log.warning("delivery preflight for %s failed: %s", agent,
+                                unflushed[agent].reason)
+                    decided.failed.append(agent)
+                elif agent in held:
                     self._decide(agent, read[agent], decided, barrier=False)
             for agent, exc in flush_each(self._store, decided.delivered).items():
                 # The message is appended: the turn must run. The next preflight confirms

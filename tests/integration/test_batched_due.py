@@ -273,3 +273,32 @@ def test_a_failed_barrier_stops_only_its_agent(
     assert outcomes == {"unlucky": WakeOutcome.BARRIER_FAILED, "fine": WakeOutcome.SETTLED}
     assert len(dispatch_records(store, "fine")) == 1
     assert len(dispatch_records(store, "unlucky")) == 1  # appended, not yet confirmed
+
+
+def test_a_failed_delivery_preflight_delivers_nothing_until_a_later_look(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    system, clock = _system(redis_client, settings)
+    _dispatched(system, clock, ["shaky", "steady"])
+    store = system.store
+    assert isinstance(store, MemoryStore)
+    original = store.flush
+    failures = {"shaky": 1}
+
+    def flush(session_id: str) -> None:
+        if failures.get(session_id):
+            failures[session_id] -= 1
+            raise PersistenceError("disk error")
+        original(session_id)
+
+    store.flush = flush  # type: ignore[method-assign]
+
+    first = system.host.serve(0.0)
+
+    # A flush that succeeds after a failed one proves nothing: no gate ran for it.
+    assert [name for name, _d in first] == ["steady"]
+    assert reminder_texts(store, "shaky") == []
+    assert system.coordination.followups.waiting("shaky") == 1
+    clock.advance(settings.followup_stale_s + 1)
+    assert [name for name, _d in system.host.serve(0.0)] == ["shaky"]
+    assert len(reminder_texts(store, "shaky")) == 1
