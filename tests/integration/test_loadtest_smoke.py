@@ -65,7 +65,8 @@ PROCESS_FIGURES: dict[str, tuple[set[str], set[str]]] = {
     ),
     "burst": (
         {"agents", "created", "errors", "due_at", "slack_s", "dispatched", "delivered",
-         "missing", "followup", "session", "bare_jobs", "bare", "bare_slack_s", "ratio_p99"},
+         "missing", "followup", "session", "bare_jobs", "bare", "bare_slack_s", "ratio_p99",
+         "cpu_s"},
         {"agents", "created", "dispatched", "delivered", "bare_jobs", "slack_s",
          "bare_slack_s"},
     ),
@@ -197,6 +198,15 @@ def test_every_process_figure_carries_every_key(process_result: dict[str, Any],
     assert set(value) == keys
     for key in measured:
         assert isinstance(value[key], int | float), key
+
+
+def test_the_burst_reads_the_cpu_of_every_process_and_the_server(
+    process_result: dict[str, Any],
+) -> None:
+    spent = process_result["figures"]["burst"]["cpu_s"]
+    assert {"host", "scheduler", "redis-server", "worker-1"} <= set(spent)
+    for role, seconds in spent.items():
+        assert isinstance(seconds, int | float) and seconds >= 0, role
 
 
 @pytest.mark.parametrize("side", ["ours", "bare"])
