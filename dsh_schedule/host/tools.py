@@ -20,7 +20,7 @@ import redis
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.coordination.lock import HeldLock, LockUnavailable
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
@@ -190,19 +190,20 @@ class ScheduleTools:
         finishing (the re-arm, the lock's release) changes the answer: the log already
         holds what it confirmed (docs/architecture.md#outages)."""
         owner = _Recompute()
-        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s) as held:
             try:
                 return retry_fenced(f"{operation} for {agent}", lambda _n: attempt(owner))
             finally:
-                self._recompute(agent, owner)
+                self._recompute(agent, owner, held)
 
-    def _recompute(self, agent: str, owner: _Recompute) -> None:
+    def _recompute(self, agent: str, owner: _Recompute, held: HeldLock) -> None:
         """Ask the owner to recompute from the latest confirmed fold (the preflight's, or
-        the mutation's once its barrier passed); a failure here is logged, never answered."""
+        the mutation's once its barrier passed), releasing the lock in the re-arm's own
+        write; a failure here is logged, never answered."""
         if owner.state is None:
             return
         try:
-            self._coord.rearm(agent, owner.state, self._clock())
+            self._coord.rearm(agent, owner.state, self._clock(), release=held)
         except redis.RedisError as exc:
             metrics.get().redis_error()
             log.warning("re-arm for %s failed (%s); a new lease or the reconcile pass "

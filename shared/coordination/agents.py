@@ -17,7 +17,7 @@ from rq.job import Job
 from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
-from dsh_schedule.shared.coordination.lock import AgentLocks
+from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock
 from dsh_schedule.shared.coordination.phase import AgentPhase
 from dsh_schedule.shared.coordination.wake import ArmFacts, ArmRequest, WakeProjection
 from dsh_schedule.shared.core.due import next_wake_ms
@@ -53,15 +53,19 @@ class Coordination:
         self.wakes = WakeProjection(client, self.keys)
         self.followup_stale_ms = int(settings.followup_stale_s * 1000)
 
-    def rearm(self, agent: str, state: FoldState, now_ms: int) -> str | None:
+    def rearm(
+        self, agent: str, state: FoldState, now_ms: int, *, release: HeldLock | None = None
+    ) -> str | None:
         """The owner's recompute: arm the agent's wake at its next decision time.
 
-        Only a live agent is armed, on the queue its lease names. Hold the agent's lock.
+        Only a live agent is armed, on the queue its lease names. Hold the agent's lock;
+        with ``release``, the lock is released in the arm's own write.
         """
-        return self.rearm_many([(agent, state)], now_ms)[0]
+        return self.rearm_many([(agent, state)], now_ms, release=release)[0]
 
     def rearm_many(
-        self, folds: Sequence[tuple[str, FoldState]], now_ms: int
+        self, folds: Sequence[tuple[str, FoldState]], now_ms: int, *,
+        release: HeldLock | None = None,
     ) -> list[str | None]:
         """``rearm`` for many agents; hold every agent's lock. Each agent's current wake
         id (None: not live, or nothing to wake for).
@@ -98,8 +102,14 @@ class Coordination:
             facts.append(fact)
             if oldest and server_ms - stream_id_ms(_text(oldest[0][0])) >= self.followup_stale_ms:
                 stale_by_queue.setdefault(found, []).append(agent)
-        armed = dict(zip((r.agent for r in requests),
-                         self.wakes.arm_many(requests, facts=facts), strict=True))
+        armed = dict(zip(
+            (r.agent for r in requests),
+            self.wakes.arm_many(requests, facts=facts,
+                                then=release.release_on if release is not None else None),
+            strict=True,
+        ))
+        if release is not None:
+            release.released_by_pipeline()
         if stale_by_queue:
             # The script checks each stream's age again, atomically.
             announced = self.followups.announce_stale(

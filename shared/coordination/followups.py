@@ -25,6 +25,7 @@ import msgspec
 import redis
 
 from dsh_schedule.shared.coordination.keys import STREAM_GROUP, Keys
+from dsh_schedule.shared.coordination.scripts import queue_script
 from dsh_schedule.shared.core.ledger import Pair
 
 READY_MAXLEN: Final = 10_000
@@ -163,12 +164,12 @@ class Followups:
             queues = [_text(q) if isinstance(q, bytes | str) else "" for q in pipe.execute()]
         with self._client.pipeline(transaction=False) as pipe:
             for (agent, text, pairs), found in zip(items, queues, strict=True):
-                self._add(
-                    keys=[self._keys.followups(agent), self._keys.lease_queue(),
-                          self._keys.ready(found)],
-                    args=[agent, text.encode(), _encode_pairs(pairs).encode(), found,
-                          self._ready_maxlen, STREAM_GROUP],
-                    client=pipe,
+                queue_script(
+                    pipe, self._add,
+                    [self._keys.followups(agent), self._keys.lease_queue(),
+                     self._keys.ready(found)],
+                    [agent, text.encode(), _encode_pairs(pairs).encode(), found,
+                     self._ready_maxlen, STREAM_GROUP],
                 )
             written: list[Any] = pipe.execute()
         ids = []

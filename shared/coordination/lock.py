@@ -15,9 +15,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import redis
+from redis.client import Pipeline
+from redis.commands.core import Script
 from redis.exceptions import LockError
 
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.scripts import queue_script
 from dsh_schedule.shared.core.errors import ScheduleError
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,26 @@ class LockUnavailable(ScheduleError):
         self.agent = agent
 
 
+class HeldLock:
+    """A per-agent lock held by ``AgentLocks.hold``. A transaction whose last step is one
+    pipelined write may release the lock in that same write (``release_on``), saving the
+    release's round trip; ``hold`` then releases nothing more."""
+
+    def __init__(self, key: str, token: bytes, release: Script) -> None:
+        self._key = key
+        self._token = token
+        self._release = release
+        self.released = False
+
+    def release_on(self, pipe: Pipeline) -> None:
+        """Queue this lock's release (only while it still holds our token) as the last
+        command of ``pipe``; call ``released_by_pipeline`` once ``pipe`` has run."""
+        queue_script(pipe, self._release, [self._key], [self._token])
+
+    def released_by_pipeline(self) -> None:
+        self.released = True
+
+
 class AgentLocks:
     """Acquires per-agent locks on one Redis connection."""
 
@@ -54,13 +77,14 @@ class AgentLocks:
         self._release_many = client.register_script(_RELEASE_MANY)
 
     @contextmanager
-    def hold(self, agent: str, *, wait_s: float) -> Iterator[None]:
+    def hold(self, agent: str, *, wait_s: float) -> Iterator[HeldLock]:
         """Hold the agent's lock for the block; LockUnavailable after ``wait_s``.
 
         A release that finds the lock already expired or taken over is not an error:
         the fenced append has already protected the log. A release that cannot reach
         Redis is not one either: the lock expires by its TTL, and whatever the block
-        confirmed stays confirmed.
+        confirmed stays confirmed. The block may release the lock itself, with its last
+        writes (``HeldLock.release_on``).
         """
         lock = self._client.lock(
             self._keys.lock(agent),
@@ -72,16 +96,18 @@ class AgentLocks:
         )
         if not lock.acquire():
             raise LockUnavailable(agent)
+        held = HeldLock(self._keys.lock(agent), lock.local.token, self._release_many)
         try:
-            yield
+            yield held
         finally:
-            try:
-                lock.release()
-            except LockError:
-                pass
-            except redis.RedisError as exc:
-                log.warning("lock of %s not released (%s); it expires in %g s",
-                            agent, type(exc).__name__, self._ttl_s)
+            if not held.released:
+                try:
+                    lock.release()
+                except LockError:
+                    pass
+                except redis.RedisError as exc:
+                    log.warning("lock of %s not released (%s); it expires in %g s",
+                                agent, type(exc).__name__, self._ttl_s)
 
     @contextmanager
     def hold_many(self, agents: Sequence[str]) -> Iterator[set[str]]:

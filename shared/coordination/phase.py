@@ -13,6 +13,7 @@ from enum import Enum
 import redis
 
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.scripts import queue_script
 
 # KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms,
 # ARGV[3] "1" to register an idle waiter when the phase is taken.
@@ -90,15 +91,15 @@ class AgentPhase:
         waiter = "1" if kind == "maintenance" else "0"
         with self._client.pipeline(transaction=False) as pipe:
             for agent in agents:
-                self._claim(keys=self._args(agent),
-                            args=[f"{kind}:{token}", int(ttl_s * 1000), waiter], client=pipe)
+                queue_script(pipe, self._claim, self._args(agent),
+                             [f"{kind}:{token}", int(ttl_s * 1000), waiter])
             return [bool(r) for r in pipe.execute()]
 
     def release_many(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
         """``release`` for many agents held under one token, in one pipelined round trip."""
         with self._client.pipeline(transaction=False) as pipe:
             for agent in agents:
-                self._release(keys=self._args(agent), args=[f"{kind}:{token}"], client=pipe)
+                queue_script(pipe, self._release, self._args(agent), [f"{kind}:{token}"])
             return [Release(int(r)) for r in pipe.execute()]
 
     def release(self, agent: str, kind: str, token: str) -> Release:
@@ -115,8 +116,8 @@ class AgentPhase:
         """``renew`` for many agents held under one token, in one pipelined round trip."""
         with self._client.pipeline(transaction=False) as pipe:
             for agent in agents:
-                self._renew(keys=[self._keys.phase(agent)],
-                            args=[f"{kind}:{token}", int(ttl_s * 1000)], client=pipe)
+                queue_script(pipe, self._renew, [self._keys.phase(agent)],
+                             [f"{kind}:{token}", int(ttl_s * 1000)])
             return [bool(r) for r in pipe.execute()]
 
     def holder(self, agent: str) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -25,6 +25,7 @@ from rq.job import Job, JobStatus
 
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.scripts import queue_script
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -302,13 +303,15 @@ class WakeProjection:
         return self.arm_many([ArmRequest(agent, target_ms, queue)])[0]
 
     def arm_many(
-        self, requests: Sequence[ArmRequest], *, facts: Sequence[ArmFacts] | None = None
+        self, requests: Sequence[ArmRequest], *, facts: Sequence[ArmFacts] | None = None,
+        then: Callable[[Pipeline], None] | None = None,
     ) -> list[str | None]:
         """``arm`` for many agents in one pipelined read and one write; hold every agent's
         lock. Returns each agent's current wake id (None: no wake). An agent already armed
         for exactly that target keeps its wake; any other target, even in the same
         second, supersedes it. ``facts``: each request's ``ArmFacts``, when the caller has
-        just read them in a pipeline of its own (``arm_facts_commands``)."""
+        just read them in a pipeline of its own (``arm_facts_commands``). ``then`` queues
+        more commands at the end of the write (a lock's release)."""
         if facts is None:
             with self._client.pipeline(transaction=False) as pipe:
                 for r in requests:
@@ -344,6 +347,8 @@ class WakeProjection:
                 # may be due sooner. One element at most, so nothing grows.
                 pipe.lpush(self._keys.mover_nudge(), "1")
                 pipe.ltrim(self._keys.mover_nudge(), 0, 0)
+            if then is not None:
+                then(pipe)
             pipe.execute()
         return results
 
@@ -351,10 +356,8 @@ class WakeProjection:
         """Queue on ``pipe`` the reads ``arm_facts_reply`` decodes: the agent's current
         wake and its score (one script), and whether a job already holds the id a wake
         for ``target_ms`` would take."""
-        self._current_script(
-            keys=[self._keys.current_wake(agent), self.scheduler.scheduled_jobs_key],
-            client=pipe,
-        )
+        queue_script(pipe, self._current_script,
+                     [self._keys.current_wake(agent), self.scheduler.scheduled_jobs_key], [])
         if target_ms is not None:
             pipe.exists(Job.key_for(wake_job_id(agent, target_ms)))
 
@@ -426,11 +429,11 @@ class WakeProjection:
         client.delete(self._keys.current_wake(agent), self._keys.wake_counter(agent))
 
     def _unschedule(self, job_id: str, pipe: Pipeline | None = None) -> None:
-        self._unschedule_script(
-            keys=[self.scheduler.scheduled_jobs_key, Job.key_for(job_id)],
-            args=[job_id],
-            client=pipe if pipe is not None else self._client,
-        )
+        keys = [self.scheduler.scheduled_jobs_key, Job.key_for(job_id)]
+        if pipe is None:
+            self._unschedule_script(keys=keys, args=[job_id])
+        else:
+            queue_script(pipe, self._unschedule_script, keys, [job_id])
 
     def move_due(self, now_ms: int | None = None) -> int:
         """One mover pass: hand every wake whose target is at or before ``now_ms`` (default:

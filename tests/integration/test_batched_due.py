@@ -302,3 +302,24 @@ def test_a_failed_delivery_preflight_delivers_nothing_until_a_later_look(
     clock.advance(settings.followup_stale_s + 1)
     assert [name for name, _d in system.host.serve(0.0)] == ["shaky"]
     assert len(reminder_texts(store, "shaky")) == 1
+
+
+# -- a management call's round trips -------------------------------------------------------
+
+
+def test_a_create_releases_its_lock_in_the_re_arms_own_write(
+    real_redis: redis.Redis, settings: Settings, round_trips: list[int]
+) -> None:
+    system, _clock = _system(real_redis, settings)
+    new_session(system.store, "a1")
+    system.host.open_root("a1")
+    _d, create = system.host.agents["a1"].tools["schedule_create"]
+    assert not create({"prompt": "warm", "after_seconds": 600}).is_error  # scripts loaded
+
+    before = round_trips[0]
+    assert not create({"prompt": "x", "after_seconds": 900}).is_error
+
+    # take the lock; one read for the re-arm; one write that arms and releases the lock
+    assert round_trips[0] - before == 3
+    assert not real_redis.exists(system.coordination.keys.lock("a1"))
+    assert system.coordination.wakes.current("a1") is not None
