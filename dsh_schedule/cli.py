@@ -26,6 +26,8 @@ from dsh_schedule.shared.settings import LOG_LEVELS, LogSettings, Settings, Sett
 if TYPE_CHECKING:
     import redis
 
+    from dsh_schedule.shared.store.jsonl import JsonlStore
+
 EXIT_UNHEALTHY: Final = 1
 EXIT_BAD_INPUT: Final = 2
 EXIT_TOOL_ERROR: Final = 3
@@ -374,6 +376,10 @@ def cmd_host(args: argparse.Namespace) -> int:
     _stop_while_starting()
     settings = _settings(args)
     url = _require_redis(settings, "host")
+    from dsh_schedule.shared.store.jsonl import JsonlStore
+
+    store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb)
+    _require_sessions(store, args.sessions_to_host)
     _serve_metrics(settings, "host")
     _await_redis(url, args.redis_wait, verbose=args.verbose)
     import threading
@@ -382,11 +388,10 @@ def cmd_host(args: argparse.Namespace) -> int:
 
     from dsh_schedule.host.reference import ReferenceHost
     from dsh_schedule.shared.coordination.agents import Coordination
-    from dsh_schedule.shared.store.jsonl import JsonlStore
 
     coordination = Coordination(redis.Redis.from_url(url), settings)
     host = ReferenceHost(
-        JsonlStore(settings.sessions, cache_mb=settings.cache_mb),
+        store,
         coordination,
         settings,
         on_delivery=lambda session, d: print(f"{session}: delivered {d.text!r}", flush=True),
@@ -410,6 +415,23 @@ def cmd_host(args: argparse.Namespace) -> int:
     finally:
         host.close()
     return 0
+
+
+def _require_sessions(store: JsonlStore, sessions: Sequence[str]) -> None:
+    """A host serves only sessions that exist: one that does not is a mistyped id or the
+    wrong directory, and serving nothing for it would hide that."""
+    missing: list[str] = []
+    for session_id in sessions:
+        try:
+            if not store.exists(session_id):
+                missing.append(session_id)
+        except ValueError:
+            raise CommandError(f"host: {session_id!r} is not a valid session id") from None
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:3]) + (" and more" if len(missing) > 3 else "")
+        raise CommandError(f"host: {len(missing)} session(s) do not exist in "
+                           f"{str(store.root)!r}: {shown} (create them with "
+                           "'dsh-schedule session create ID')")
 
 
 # -- the web console --------------------------------------------------------------------

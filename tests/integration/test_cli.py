@@ -252,6 +252,18 @@ def test_call_on_a_missing_session_says_so(session_dir: dict[str, str]) -> None:
     assert not (Path(session_dir["DSH_SCHEDULE_SESSIONS"]) / "nobody.jsonl").exists()
 
 
+def test_a_host_for_a_missing_session_says_so_before_it_waits_for_redis(
+    session_dir: dict[str, str],
+) -> None:
+    # Nothing answers on the URL: the sessions are checked first, without Redis.
+    env = {**session_dir, "DSH_SCHEDULE_REDIS_URL": f"redis://127.0.0.1:{closed_port()}/0"}
+    line = one_line_error(cli("host", "s", "nobody", "ghost", env=env))
+    assert "2 session(s) do not exist" in line and "'nobody', 'ghost'" in line
+    assert "'s'" not in line  # the one that exists is not named
+    line = one_line_error(cli("host", "x" * 300, env=env))  # too long for a file name
+    assert "is not a valid session id" in line
+
+
 def test_call_runs_every_catalog_tool(session_dir: dict[str, str]) -> None:
     args = {"schedule_create": '{"prompt": "x", "after_seconds": 600}',
             "schedule_list": "{}", "schedule_delete": '{"id": "schedule-1"}'}
