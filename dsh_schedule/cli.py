@@ -396,8 +396,7 @@ def cmd_host(args: argparse.Namespace) -> int:
         settings,
         on_delivery=lambda session, d: print(f"{session}: delivered {d.text!r}", flush=True),
     )
-    for session_id in args.sessions_to_host:
-        host.open_root(session_id)
+    host.open_roots(args.sessions_to_host)
     from dsh_schedule.shared.collector import tune_for_service
 
     tune_for_service()

@@ -113,6 +113,7 @@ class HostBridge:
         self._served: set[str] = set()
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
         self._cursor: str | None = None  # the last id read from the ready stream
+        self._deferred: list[str] | None = None  # wakes ``installing_many`` holds back
         # A blocking read must end well within the client's socket timeout, if it has one.
         socket_timeout = coordination.client.connection_pool.connection_kwargs.get(
             "socket_timeout"
@@ -137,10 +138,31 @@ class HostBridge:
         )
         with self._state:
             self._served.add(agent)
+            deferred = self._deferred
+            if new and deferred is not None:
+                deferred.append(agent)
         self.later([agent], 0.0)
-        if new:
+        if new and deferred is None:
             self._coord.trigger(agent)
         return new
+
+    @contextmanager
+    def installing_many(self) -> Iterator[None]:
+        """Within the block, the wakes that ``install`` owes new leases are held back and
+        enqueued together when it ends, in ``wake_batch`` jobs (a host opening thousands
+        of agents at its start enqueues tens of jobs, not one per agent); they are
+        enqueued even when the block fails."""
+        with self._state:
+            if self._deferred is not None:
+                raise RuntimeError("installing_many is not reentrant")
+            self._deferred = []
+        try:
+            yield
+        finally:
+            with self._state:
+                woken, self._deferred = self._deferred, None
+            if woken:
+                self._coord.trigger_many(woken)
 
     def renew(self, agents: Sequence[str]) -> list[str]:
         """Renew leases, one round trip per few thousand agents; returns the agents whose

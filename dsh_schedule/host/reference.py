@@ -124,6 +124,12 @@ class ReferenceHost:
         self.registry.publish(agent)
         return agent
 
+    def open_roots(self, session_ids: Sequence[str]) -> list[Agent]:
+        """``open_root`` for many sessions; the wakes their new leases need are enqueued
+        together at the end (``HostBridge.installing_many``)."""
+        with self.plugin.bridge.installing_many():
+            return [self.open_root(session_id) for session_id in session_ids]
+
     # -- user turns -----------------------------------------------------------------
 
     def prompt(
@@ -205,7 +211,9 @@ class ReferenceHost:
         delivered: list[tuple[str, Delivery]] = []
         alone: list[str] = []
         deadline = time.monotonic() + TURN_WAIT_S
-        waiting = agents
+        # Only agents whose stream holds an entry need a turn (one round trip to know).
+        held_entries = self.coordination.followups.waiting_many(agents) if agents else []
+        waiting = [agent for agent, n in zip(agents, held_entries, strict=True) if n]
         while waiting:
             with bridge.turns(waiting) as held:
                 busy = [agent for agent in waiting if agent not in set(held)]

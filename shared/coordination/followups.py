@@ -311,6 +311,13 @@ class Followups:
         """How many entries the stream holds (delivered to a consumer or not)."""
         return int(self._client.xlen(self._keys.followups(agent)))
 
+    def waiting_many(self, agents: Sequence[str]) -> list[int]:
+        """``waiting`` for many agents, in one pipelined round trip."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.xlen(self._keys.followups(agent))
+            return [int(n) for n in pipe.execute()]
+
     # -- staleness --------------------------------------------------------------------
 
     def oldest_added_ms(self, agents: Sequence[str]) -> list[int | None]:

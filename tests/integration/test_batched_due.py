@@ -323,3 +323,58 @@ def test_a_create_releases_its_lock_in_the_re_arms_own_write(
     assert round_trips[0] - before == 3
     assert not real_redis.exists(system.coordination.keys.lock("a1"))
     assert system.coordination.wakes.current("a1") is not None
+
+
+def test_opening_many_agents_enqueues_their_wakes_together(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    from rq import Queue
+
+    from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
+
+    system, _clock = _system(redis_client, settings)
+    queue = Queue(settings.queue, connection=redis_client)
+    many = [f"m{i}" for i in range(5)]
+    for name in [*many, "one"]:
+        new_session(system.store, name)
+    queue.empty()
+
+    system.host.open_roots(many)
+    jobs = queue.jobs
+    assert [job.func_name for job in jobs] == ["dsh_schedule.worker.job.wake_batch"]
+    assert decode_batch(jobs[0].args[0]) == ImmediateWakes(agents=tuple(many))
+
+    queue.empty()
+    system.host.open_root("one")  # alone: its own wake, at once, as before
+    assert [(job.func_name, job.args) for job in queue.jobs] == [
+        ("dsh_schedule.worker.job.wake", ("one", None))]
+
+    with pytest.raises(RuntimeError), system.host.plugin.bridge.installing_many(), \
+            system.host.plugin.bridge.installing_many():
+        pass
+
+
+def test_looking_at_agents_with_nothing_waiting_takes_no_turn_and_wakes_nobody(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    from rq import Queue
+
+    system, _clock = _system(redis_client, settings)
+    names = [f"q{i}" for i in range(4)]
+    _agents_with_reminders(system, names, dict.fromkeys(names, 3600))  # active, far off
+    queue = Queue(settings.queue, connection=redis_client)
+    queue.empty()
+    claims: list[str] = []
+    phase = system.coordination.phase
+    original = phase.claim_many
+
+    def counting(agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
+        claims.extend(agents)
+        return original(agents, kind, token, ttl_s)
+
+    phase.claim_many = counting  # type: ignore[method-assign]
+
+    assert system.host.serve(0.0) == []  # every agent is named once, after its install
+
+    assert claims == []
+    assert queue.count == 0  # no turn ended, so no agent with active records was woken
