@@ -36,7 +36,7 @@ from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.core.ledger import LedgerCache
 from dsh_schedule.shared.core.records import encode_change
-from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
+from dsh_schedule.shared.fencing import FENCE_ATTEMPTS
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.flushing import flush_each
@@ -68,6 +68,15 @@ class WakeOutcome(Enum):
 
 
 _paused_once = False
+
+
+class _Conflict(Enum):
+    """An append met another writer: the dispatch is decided again."""
+
+    CONFLICT = "conflict"
+
+
+_CONFLICT: Final = _Conflict.CONFLICT
 
 
 def crash_point(name: str) -> None:
@@ -198,8 +207,9 @@ class DueOwner:
     def _rounds_many(
         self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
     ) -> list[tuple[str, FoldState]]:
-        """``_rounds`` for many agents at once, a round at a time: each round checks every
-        agent still pending and dispatches, together, for those that are due. Fills in
+        """Dispatch until nothing is due, for many agents at once, a round at a time: each
+        round checks every agent still pending and dispatches, together, for those that
+        are due. Fills in
         ``outcomes``; returns the settled folds to arm from."""
         settled: list[tuple[str, FoldState]] = []
         pending = list(agents)
@@ -222,7 +232,9 @@ class DueOwner:
         return settled
 
     def _check_many(self, agents: Sequence[str]) -> dict[str, FoldState | WakeOutcome | None]:
-        """``_check`` for many agents, their re-projections read and written together."""
+        """Preflight, re-project and decide for each agent: its settled fold when nothing
+        is due, the outcome that stops its wake, or None when a dispatch is due now. The
+        flushes run together, and the re-projections are read and written together."""
         checked: dict[str, FoldState | WakeOutcome | None] = {}
         loaded: list[tuple[str, Session, FoldState]] = []
         # The preflights' flushes, together. A failed one stops its agent: a flush that
@@ -272,9 +284,10 @@ class DueOwner:
             return WakeOutcome.CORRUPT_LOG
 
     def _dispatch_many(self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]) -> list[str]:
-        """``_dispatch_in_phase`` then ``_barrier`` for many agents: their phases claimed
-        and released in one round trip each, their followups written in one. Returns the
-        agents to check again (those that dispatched, or found nothing due any more)."""
+        """Claim maintenance, dispatch once, release, then the barrier flush, for many
+        agents: their phases claimed and released in one round trip each, their followups
+        written in one. Returns the agents to check again (those that dispatched, or found
+        nothing due any more)."""
         if not agents:
             return []
         token = uuid.uuid4().hex
@@ -306,11 +319,12 @@ class DueOwner:
         return [agent for agent in again if agent not in failed]
 
     def _dispatch_together(
-        self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
+        self, agents: Sequence[str], outcomes: dict[str, WakeOutcome], *, attempt: int = 0
     ) -> list[str]:
-        """``_dispatch_once`` for many agents, their phases held: each re-decides on its own
-        fold and gets its own fenced append; the followups go to Redis in one call, before
-        any append. An agent whose append meets another writer re-decides alone."""
+        """Dispatch once for each of many agents, their phases held: each re-decides on its
+        own fold and gets its own fenced append; the followups go to Redis in one call,
+        before any append. Agents whose append met another writer re-decide together
+        afterwards, their suffix confirmed first, at most ``FENCE_ATTEMPTS`` times."""
         planned: list[tuple[str, int, int, DispatchOne | DispatchBatch, DispatchPlan]] = []
         again: list[str] = []
         for agent in agents:
@@ -340,33 +354,53 @@ class DueOwner:
                                         for agent, _n, _now, _d, plan in planned])
         written_ms = self._clock()
         crash_point("after-followup")
+        conflicted: list[str] = []
         for agent, length, now, decision, plan in planned:
             schedule_ids = ",".join(pair.scheduleId for pair in plan.pairs)
             with log_context(agent=agent, schedule_id=schedule_ids):
                 stopped = self._append_dispatch(agent, length, now, decision, plan, written_ms)
             if stopped is None:
                 again.append(agent)
+            elif stopped is _CONFLICT:
+                conflicted.append(agent)
             else:
                 outcomes[agent] = stopped
-        return again
+        return again + self._redecide(conflicted, outcomes, attempt + 1)
+
+    def _redecide(
+        self, agents: list[str], outcomes: dict[str, WakeOutcome], attempt: int
+    ) -> list[str]:
+        """Dispatch again for agents whose append met another writer, once that writer's
+        suffix is confirmed (their followups written before stay without a dispatch, and
+        the host drops them)."""
+        if not agents:
+            return []
+        if attempt >= FENCE_ATTEMPTS:
+            for agent in agents:
+                log.warning("dispatch for %s: the log kept moving under %d attempts",
+                            agent, attempt)
+                outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
+            return []
+        unflushed = flush_each(self._store, agents)
+        for agent, exc in unflushed.items():
+            log.warning("re-fold for %s failed: %s", agent, exc)
+            outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
+        return self._dispatch_together([a for a in agents if a not in unflushed], outcomes,
+                                       attempt=attempt)
 
     def _append_dispatch(
         self, agent: str, length: int, now: int, decision: DispatchOne | DispatchBatch,
         plan: DispatchPlan, written_ms: int,
-    ) -> WakeOutcome | None:
+    ) -> WakeOutcome | _Conflict | None:
+        """The fenced append of one agent's dispatch: None once written, ``_CONFLICT`` when
+        another writer came between, else the outcome that abandons it."""
         events = [NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c))
                   for c in plan.changes]
         try:
             self._store.append(agent, events, expected_seq=length)
         except FenceConflict as conflict:
-            # Another writer came between: re-decide alone, its suffix confirmed first.
             log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, conflict)
-            try:
-                return retry_fenced(f"dispatch for {agent}",
-                                    lambda n: self._dispatch_once(agent, n + 1))
-            except FenceRetriesExhausted as exc:
-                log.warning("%s", exc)
-                return WakeOutcome.DISPATCH_ABANDONED
+            return _CONFLICT
         except (PersistenceError, ScheduleLogError) as exc:
             # The followup may already be read; with no dispatch the host drops it.
             log.error("dispatch append for %s abandoned: %s", agent, exc)
@@ -386,41 +420,3 @@ class DueOwner:
             recorder.dispatched(kind, metrics.lateness_s(written_ms, occurrences))
         log.info("dispatched %s for %s", ", ".join(pair.scheduleId for pair in plan.pairs),
                  agent)
-
-    def _dispatch_once(self, agent: str, attempt: int) -> WakeOutcome | None:
-        try:
-            if attempt:
-                # A conflicting writer's suffix must be confirmed before we decide.
-                self._store.flush(agent)
-            session, state = self._store.load(agent)
-        except (PersistenceError, ScheduleLogError) as exc:
-            log.warning("re-fold for %s failed: %s", agent, exc)
-            return WakeOutcome.DISPATCH_ABANDONED
-        now = self._clock()
-        decision = due_decision(state, now)
-        if isinstance(decision, Wait):
-            return None
-        try:
-            plan = plan_dispatch(decision)
-        except FramingError:
-            log.exception("framing failed for %s; nothing written", agent)
-            return WakeOutcome.DISPATCH_ABANDONED
-        with log_context(schedule_id=",".join(pair.scheduleId for pair in plan.pairs)):
-            crash_point("before-followup")
-            self._coord.followups.add(agent, plan.text, plan.pairs)
-            written_ms = self._clock()
-            crash_point("after-followup")
-            events = [
-                NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c))
-                for c in plan.changes
-            ]
-            try:
-                # FenceConflict propagates: retry_fenced re-decides.
-                self._store.append(agent, events, expected_seq=len(session.events))
-            except (PersistenceError, ScheduleLogError) as exc:
-                # The followup may already be read; with no dispatch the host drops it.
-                log.error("dispatch append for %s abandoned: %s", agent, exc)
-                return WakeOutcome.DISPATCH_ABANDONED
-            crash_point("after-append")
-            self._dispatched(agent, decision, plan, written_ms)
-        return None
