@@ -280,9 +280,8 @@ class HostBridge:
                 raise TurnBusy(agent)
             time.sleep(0.02)
         stop = threading.Event()
-        beat = threading.Thread(
-            target=self._heartbeat, args=(agent, token, stop), daemon=True, name="turn-heartbeat"
-        )
+        beat = threading.Thread(target=self._heartbeat, args=([agent], token, stop),
+                                daemon=True, name="turn-heartbeat")
         beat.start()
         try:
             yield token
@@ -290,33 +289,9 @@ class HostBridge:
             stop.set()
             beat.join()
             try:
-                self._end_turn(agent, token)
+                self._end_turns([agent], token)
             finally:
                 self.later([agent], 0.0)
-
-    def _heartbeat(self, agent: str, token: str, stop: threading.Event) -> None:
-        settings = self._settings
-        while not stop.wait(settings.turn_renew_s):
-            try:
-                renewed = self._coord.phase.renew(agent, "turn", token, settings.turn_ttl_s)
-            except redis.RedisError as exc:
-                # Keep beating: the turn goes on, and Redis may be back before the TTL.
-                metrics.get().redis_error()
-                log.warning("turn phase of %s not renewed (%s)", agent, type(exc).__name__)
-                continue
-            if not renewed:
-                log.warning("turn phase of %s was lost", agent)
-                return
-
-    def _end_turn(self, agent: str, token: str) -> None:
-        woken = self._coord.phase.release(agent, "turn", token) is Release.WAITER_WOKEN
-        try:
-            _session, state = self._store.load(agent)
-            active = bool(state.active)
-        except (PersistenceError, ScheduleLogError):
-            active = False
-        if woken or active:
-            self._coord.trigger(agent)
 
     @contextmanager
     def turns(self, agents: Sequence[str]) -> Iterator[list[str]]:
@@ -334,7 +309,7 @@ class HostBridge:
             yield []
             return
         stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat_many, args=(held, token, stop),
+        beat = threading.Thread(target=self._heartbeat, args=(held, token, stop),
                                 daemon=True, name="turns-heartbeat")
         beat.start()
         try:
@@ -344,20 +319,25 @@ class HostBridge:
             beat.join()
             self._end_turns(held, token)
 
-    def _heartbeat_many(self, agents: list[str], token: str, stop: threading.Event) -> None:
+    def _heartbeat(self, agents: list[str], token: str, stop: threading.Event) -> None:
+        """Renew the turn phases of ``agents`` until ``stop``; an agent whose phase was lost
+        is renewed no more, and the beat ends when none is left."""
         settings = self._settings
-        while not stop.wait(settings.turn_renew_s):
+        while agents and not stop.wait(settings.turn_renew_s):
             try:
                 renewed = self._coord.phase.renew_many(agents, "turn", token,
                                                        settings.turn_ttl_s)
             except redis.RedisError as exc:
+                # Keep beating: the turns go on, and Redis may be back before the TTL.
                 metrics.get().redis_error()
-                log.warning("turn phases of %d agents not renewed (%s)", len(agents),
+                log.warning("turn phase of %s not renewed (%s)", ", ".join(agents),
                             type(exc).__name__)
                 continue
             lost = [agent for agent, ok in zip(agents, renewed, strict=True) if not ok]
             if lost:
-                log.warning("turn phase of %d agent(s) was lost", len(lost))
+                log.warning("turn phase of %s was lost", ", ".join(lost))
+                gone = set(lost)
+                agents = [agent for agent in agents if agent not in gone]
 
     def _end_turns(self, agents: list[str], token: str) -> None:
         released = self._coord.phase.release_many(agents, "turn", token)

@@ -216,7 +216,8 @@ class ReferenceHost:
         waiting = [agent for agent, n in zip(agents, held_entries, strict=True) if n]
         while waiting:
             with bridge.turns(waiting) as held:
-                busy = [agent for agent in waiting if agent not in set(held)]
+                claimed = set(held)
+                busy = [agent for agent in waiting if agent not in claimed]
                 alone.extend(self._deliver_in_turns(held, delivered))
             if not busy or time.monotonic() + TURN_POLL_S > deadline:
                 bridge.later(busy, BUSY_RETRY_S)

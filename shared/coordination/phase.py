@@ -72,13 +72,11 @@ class AgentPhase:
 
     def claim_maintenance(self, agent: str, token: str, ttl_s: float) -> bool:
         """Claim the idle phase for maintenance, or register an idle waiter and say False."""
-        owner = f"maintenance:{token}"
-        return bool(self._claim(keys=self._args(agent), args=[owner, int(ttl_s * 1000), "1"]))
+        return self.claim_many([agent], "maintenance", token, ttl_s)[0]
 
     def claim_turn(self, agent: str, token: str, ttl_s: float) -> bool:
         """Claim the phase for a turn; False while maintenance or another turn holds it."""
-        owner = f"turn:{token}"
-        return bool(self._claim(keys=self._args(agent), args=[owner, int(ttl_s * 1000), "0"]))
+        return self.claim_many([agent], "turn", token, ttl_s)[0]
 
     def claim_many(
         self, agents: Sequence[str], kind: str, token: str, ttl_s: float
@@ -103,14 +101,10 @@ class AgentPhase:
             return [Release(int(r)) for r in pipe.execute()]
 
     def release(self, agent: str, kind: str, token: str) -> Release:
-        result = self._release(keys=self._args(agent), args=[f"{kind}:{token}"])
-        return Release(int(result))
+        return self.release_many([agent], kind, token)[0]
 
     def renew(self, agent: str, kind: str, token: str, ttl_s: float) -> bool:
-        owner = f"{kind}:{token}"
-        return bool(
-            self._renew(keys=[self._keys.phase(agent)], args=[owner, int(ttl_s * 1000)])
-        )
+        return self.renew_many([agent], kind, token, ttl_s)[0]
 
     def renew_many(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
         """``renew`` for many agents held under one token, in one pipelined round trip."""
