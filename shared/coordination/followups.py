@@ -135,47 +135,45 @@ class Followups:
         """Add an entry and, in the same atomic step, announce the agent on the ready
         stream of the queue its lease names (no lease: no announcement; a host that
         grants the lease later checks the agent's stream anyway). Returns the entry id."""
-        encoded = _encode_pairs(pairs)
-        queue = self._client.hget(self._keys.lease_queue(), agent)
-        found = _text(queue) if isinstance(queue, bytes | str) else ""
-        for _attempt in range(_ADD_ATTEMPTS):
-            written: Any = self._add(
-                keys=[self._keys.followups(agent), self._keys.lease_queue(),
-                      self._keys.ready(found)],
-                args=[agent, text.encode(), encoded.encode(), found, self._ready_maxlen,
-                      STREAM_GROUP],
-            )
-            done, value = written
-            if done:
-                return _text(value)
-            found = _text(value)  # the lease moved meanwhile: announce where it is now
-        raise redis.RedisError(f"the lease of {agent} kept moving while adding a followup")
+        return self.add_many([(agent, text, pairs)])[0]
 
     def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
         """``add`` for many ``(agent, text, pairs)`` entries: one pipelined round trip
-        looks up the agents' queues, one more writes every entry (each write still one
-        atomic script with its announcement). An agent whose lease moved in between is
-        added alone, as ``add`` does. The entry ids, in order."""
+        looks up the agents' queues, one more writes every entry (each write one atomic
+        script with its announcement). Entries whose agent's lease moved in between are
+        written again with the queue it names now. The entry ids, in order."""
         if not items:
             return []
         with self._client.pipeline(transaction=False) as pipe:
             for agent in (item[0] for item in items):
                 pipe.hget(self._keys.lease_queue(), agent)
             queues = [_text(q) if isinstance(q, bytes | str) else "" for q in pipe.execute()]
-        with self._client.pipeline(transaction=False) as pipe:
-            for (agent, text, pairs), found in zip(items, queues, strict=True):
-                queue_script(
-                    pipe, self._add,
-                    [self._keys.followups(agent), self._keys.lease_queue(),
-                     self._keys.ready(found)],
-                    [agent, text.encode(), _encode_pairs(pairs).encode(), found,
-                     self._ready_maxlen, STREAM_GROUP],
-                )
-            written: list[Any] = pipe.execute()
-        ids = []
-        for (agent, text, pairs), (done, value) in zip(items, written, strict=True):
-            ids.append(_text(value) if done else self.add(agent, text, pairs))
-        return ids
+        ids: list[str | None] = [None] * len(items)
+        pending = list(range(len(items)))
+        for _attempt in range(_ADD_ATTEMPTS):
+            with self._client.pipeline(transaction=False) as pipe:
+                for index in pending:
+                    agent, text, pairs = items[index]
+                    queue_script(
+                        pipe, self._add,
+                        [self._keys.followups(agent), self._keys.lease_queue(),
+                         self._keys.ready(queues[index])],
+                        [agent, text.encode(), _encode_pairs(pairs).encode(), queues[index],
+                         self._ready_maxlen, STREAM_GROUP],
+                    )
+                written: list[Any] = pipe.execute()
+            moved = []
+            for index, (done, value) in zip(pending, written, strict=True):
+                if done:
+                    ids[index] = _text(value)
+                else:
+                    queues[index] = _text(value)  # the lease moved: announce where it is now
+                    moved.append(index)
+            if not moved:
+                return [entry_id for entry_id in ids if entry_id is not None]
+            pending = moved
+        agents = ", ".join(items[index][0] for index in pending)
+        raise redis.RedisError(f"the lease of {agents} kept moving while adding a followup")
 
     def entries(self, agent: str) -> list[FollowupEntry]:
         """Every entry still in the stream, delivered to a consumer or not."""
