@@ -459,12 +459,17 @@ class HostBridge:
             return self._gate_held(agent, entry, barrier=True)
 
     def _gate_held(self, agent: str, entry: FollowupEntry, *, barrier: bool) -> Delivery | None:
-        """The gate for one entry, the agent's lock held; ``barrier``: flush after a
-        delivery (else the caller does)."""
+        """The gate for one entry, the agent's lock held. ``barrier``: flush before
+        deciding and after a delivery; without it the caller does both, for many agents
+        at once."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
             delivery = retry_fenced(
-                f"delivery for {agent}", lambda _n: self._deliver(agent, entry, barrier=barrier)
+                f"delivery for {agent}",
+                # The caller without a barrier has flushed already; a retry flushes anew,
+                # to confirm the conflicting writer's suffix.
+                lambda n: self._deliver(agent, entry, preflight=barrier or n > 0,
+                                        barrier=barrier),
             )
         recorder = metrics.get()
         if recorder.enabled:
@@ -477,10 +482,13 @@ class HostBridge:
                 recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
         return delivery
 
-    def _deliver(self, agent: str, entry: FollowupEntry, *, barrier: bool) -> Delivery | None:
+    def _deliver(
+        self, agent: str, entry: FollowupEntry, *, preflight: bool, barrier: bool
+    ) -> Delivery | None:
         """Append the entry as the user/message of a new turn if the log says it is due
         for delivery; None when it is to be dropped. ``FenceConflict`` re-decides."""
-        self._store.flush(agent)
+        if preflight:
+            self._store.flush(agent)
         session, _state = self._store.load(agent)
         ledger = self._ledgers.ledger(agent, session)
         if not ledger.deliverable(entry.pairs):
