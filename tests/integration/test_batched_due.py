@@ -47,6 +47,15 @@ def _targets(system: EmbeddedSystem, names: Sequence[str]) -> list[tuple[str, in
     return [(name, next_wake_ms(system.store.load(name)[1], now)) for name in names]
 
 
+def _made_due(system: EmbeddedSystem, clock: FakeClock,
+              names: Sequence[str]) -> list[tuple[str, int | None]]:
+    """Agents with one reminder each, made due: their wakes, as the mover hands them on."""
+    _agents_with_reminders(system, names)
+    wakes = _targets(system, names)
+    clock.advance(6)
+    return wakes
+
+
 def test_a_batch_dispatches_each_due_agent_once_and_arms_the_rest(
     redis_client: redis.Redis, settings: Settings
 ) -> None:
@@ -74,9 +83,7 @@ def test_an_agent_whose_lock_is_busy_is_woken_alone_after_the_batch(
     redis_client: redis.Redis, settings: Settings
 ) -> None:
     system, clock = _system(redis_client, settings, wake_lock_wait_s=2.0)
-    _agents_with_reminders(system, ["free", "held"])
-    wakes = _targets(system, ["free", "held"])
-    clock.advance(6)
+    wakes = _made_due(system, clock, ["free", "held"])
     lock = redis_client.lock(system.coordination.keys.lock("held"), timeout=30,
                              thread_local=False)
     assert lock.acquire(blocking=False)
@@ -96,9 +103,7 @@ def test_an_agent_in_a_turn_waits_for_idle_and_spares_the_batch(
     redis_client: redis.Redis, settings: Settings
 ) -> None:
     system, clock = _system(redis_client, settings)
-    _agents_with_reminders(system, ["idle", "busy"])
-    wakes = _targets(system, ["idle", "busy"])
-    clock.advance(6)
+    wakes = _made_due(system, clock, ["idle", "busy"])
     phase = system.coordination.phase
     assert phase.claim_turn("busy", "tok", 30)
 
@@ -135,9 +140,7 @@ def test_a_fence_conflict_in_a_batch_re_decides_that_agent_alone(
 ) -> None:
     store = _InterposingStore("contested")
     system, clock = _system(redis_client, settings, store)
-    _agents_with_reminders(system, ["plain", "contested"])
-    wakes = _targets(system, ["plain", "contested"])
-    clock.advance(6)
+    wakes = _made_due(system, clock, ["plain", "contested"])
 
     outcomes = system.owner.wake_many(wakes)
 
@@ -170,10 +173,7 @@ def test_a_batch_costs_the_same_round_trips_whatever_its_size(
 ) -> None:
     def trips_for(count: int, tag: str) -> int:
         system, clock = _system(real_redis, settings)
-        names = [f"{tag}{i}" for i in range(count)]
-        _agents_with_reminders(system, names)
-        wakes = _targets(system, names)
-        clock.advance(6)
+        wakes = _made_due(system, clock, [f"{tag}{i}" for i in range(count)])
         before = round_trips[0]
         outcomes = system.owner.wake_many(wakes)
         assert set(outcomes.values()) == {WakeOutcome.SETTLED}
@@ -264,9 +264,7 @@ def test_a_failed_barrier_stops_only_its_agent(
 ) -> None:
     store = _FailingBarrier("unlucky")
     system, clock = _system(redis_client, settings, store)
-    _agents_with_reminders(system, ["unlucky", "fine"])
-    wakes = _targets(system, ["unlucky", "fine"])
-    clock.advance(6)
+    wakes = _made_due(system, clock, ["unlucky", "fine"])
 
     outcomes = system.owner.wake_many(wakes)
 
