@@ -209,33 +209,61 @@ class DueOwner:
     ) -> list[tuple[str, FoldState]]:
         """Dispatch until nothing is due, for many agents at once, a round at a time: each
         round checks every agent still pending and dispatches, together, for those that
-        are due. Fills in
-        ``outcomes``; returns the settled folds to arm from."""
+        are due. An agent that has just dispatched and passed its barrier is checked on
+        this worker's own view of its log (``_after_dispatch``). Fills in ``outcomes``;
+        returns the settled folds to arm from."""
         settled: list[tuple[str, FoldState]] = []
-        pending = list(agents)
+        pending: list[str] = list(agents)
+        dispatched: list[str] = []
         for _ in range(MAX_ROUNDS):
-            if not pending:
+            if not pending and not dispatched:
                 return settled
             due: list[str] = []
-            for agent, checked in self._check_many(pending).items():
-                if checked is None:
+            checked = self._check_many(pending)
+            checked.update(self._after_dispatch(dispatched))
+            for agent, found in checked.items():
+                if found is None:
                     due.append(agent)
-                elif isinstance(checked, WakeOutcome):
-                    outcomes[agent] = checked
+                elif isinstance(found, WakeOutcome):
+                    outcomes[agent] = found
                 else:
-                    settled.append((agent, checked))
+                    settled.append((agent, found))
                     outcomes[agent] = WakeOutcome.SETTLED
-            pending = self._dispatch_many(due, outcomes)
-        for agent in pending:
+            pending, dispatched = self._dispatch_many(due, outcomes)
+        for agent in [*pending, *dispatched]:
             log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
             outcomes[agent] = WakeOutcome.STILL_DUE
         return settled
+
+    def _after_dispatch(
+        self, agents: Sequence[str]
+    ) -> dict[str, FoldState | WakeOutcome | None]:
+        """The check after a dispatch whose barrier flush just succeeded, the agent's lock
+        still held: its fold as this worker now reads it (None when a dispatch is due
+        again). No second preflight flush and no re-projection: the barrier confirmed
+        this worker's bytes, the followups were written just before them, and only
+        ``schedule/change`` records, appended under the lock this worker holds, change
+        the decision. An agent whose log cannot be read now gets the full check."""
+        checked: dict[str, FoldState | WakeOutcome | None] = {}
+        unread: list[str] = []
+        for agent in agents:
+            try:
+                _session, state = self._store.load(agent)
+            except (PersistenceError, ScheduleLogError):
+                unread.append(agent)
+                continue
+            checked[agent] = state if isinstance(due_decision(state, self._clock()), Wait) \
+                else None
+        checked.update(self._check_many(unread))
+        return checked
 
     def _check_many(self, agents: Sequence[str]) -> dict[str, FoldState | WakeOutcome | None]:
         """Preflight, re-project and decide for each agent: its settled fold when nothing
         is due, the outcome that stops its wake, or None when a dispatch is due now. The
         flushes run together, and the re-projections are read and written together."""
         checked: dict[str, FoldState | WakeOutcome | None] = {}
+        if not agents:
+            return checked
         loaded: list[tuple[str, Session, FoldState]] = []
         # The preflights' flushes, together. A failed one stops its agent: a flush that
         # succeeds after a failed one does not prove the earlier bytes durable.
@@ -283,13 +311,15 @@ class DueOwner:
             log.error("corrupt schedule log for %s, arming nothing: %s", agent, exc)
             return WakeOutcome.CORRUPT_LOG
 
-    def _dispatch_many(self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]) -> list[str]:
+    def _dispatch_many(
+        self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
+    ) -> tuple[list[str], list[str]]:
         """Claim maintenance, dispatch once, release, then the barrier flush, for many
         agents: their phases claimed and released in one round trip each, their followups
-        written in one. Returns the agents to check again (those that dispatched, or found
-        nothing due any more)."""
+        written in one. Returns the agents to check again: those that found nothing due
+        any more, and those that dispatched and passed their barrier."""
         if not agents:
-            return []
+            return [], []
         token = uuid.uuid4().hex
         phase = self._coord.phase
         ttl_s = self._settings.maintenance_ttl_s
@@ -299,32 +329,33 @@ class DueOwner:
             log.debug("agent %s busy: idle waiter registered", agent)
             outcomes[agent] = WakeOutcome.WAITING_FOR_IDLE
         if not held:
-            return []
+            return [], []
         try:
             live = set(self._coord.leases.live_among(held, now_ms=self._clock()))
             for agent in set(held).difference(live):
                 outcomes[agent] = WakeOutcome.NOT_LIVE
-            again = self._dispatch_together([agent for agent in held if agent in live],
-                                            outcomes)
+            again, dispatched = self._dispatch_together(
+                [agent for agent in held if agent in live], outcomes)
         finally:
             released = phase.release_many(held, "maintenance", token)
             woken = [agent for agent, release in zip(held, released, strict=True)
                      if release is Release.WAITER_WOKEN]
             if woken:
                 self._coord.trigger_many(woken)
-        failed = flush_each(self._store, again)  # the barriers
+        failed = flush_each(self._store, dispatched)  # the barriers
         for agent, exc in failed.items():
             log.warning("dispatch barrier for %s failed: %s", agent, exc.reason)
             outcomes[agent] = WakeOutcome.BARRIER_FAILED
-        return [agent for agent in again if agent not in failed]
+        return again, [agent for agent in dispatched if agent not in failed]
 
     def _dispatch_together(
         self, agents: Sequence[str], outcomes: dict[str, WakeOutcome], *, attempt: int = 0
-    ) -> list[str]:
+    ) -> tuple[list[str], list[str]]:
         """Dispatch once for each of many agents, their phases held: each re-decides on its
         own fold and gets its own fenced append; the followups go to Redis in one call,
         before any append. Agents whose append met another writer re-decide together
-        afterwards, their suffix confirmed first, at most ``FENCE_ATTEMPTS`` times."""
+        afterwards, their suffix confirmed first, at most ``FENCE_ATTEMPTS`` times.
+        Returns the agents that found nothing due any more, and those that dispatched."""
         planned: list[tuple[str, int, int, DispatchOne | DispatchBatch, DispatchPlan]] = []
         again: list[str] = []
         for agent in agents:
@@ -348,39 +379,41 @@ class DueOwner:
                     continue
             planned.append((agent, len(session.events), now, decision, plan))
         if not planned:
-            return again
+            return again, []
         crash_point("before-followup")
         self._coord.followups.add_many([(agent, plan.text, plan.pairs)
                                         for agent, _n, _now, _d, plan in planned])
         written_ms = self._clock()
         crash_point("after-followup")
         conflicted: list[str] = []
+        dispatched: list[str] = []
         for agent, length, now, decision, plan in planned:
             schedule_ids = ",".join(pair.scheduleId for pair in plan.pairs)
             with log_context(agent=agent, schedule_id=schedule_ids):
                 stopped = self._append_dispatch(agent, length, now, decision, plan, written_ms)
             if stopped is None:
-                again.append(agent)
+                dispatched.append(agent)
             elif stopped is _CONFLICT:
                 conflicted.append(agent)
             else:
                 outcomes[agent] = stopped
-        return again + self._redecide(conflicted, outcomes, attempt + 1)
+        more_again, more_dispatched = self._redecide(conflicted, outcomes, attempt + 1)
+        return again + more_again, dispatched + more_dispatched
 
     def _redecide(
         self, agents: list[str], outcomes: dict[str, WakeOutcome], attempt: int
-    ) -> list[str]:
+    ) -> tuple[list[str], list[str]]:
         """Dispatch again for agents whose append met another writer, once that writer's
         suffix is confirmed (their followups written before stay without a dispatch, and
         the host drops them)."""
         if not agents:
-            return []
+            return [], []
         if attempt >= FENCE_ATTEMPTS:
             for agent in agents:
                 log.warning("dispatch for %s: the log kept moving under %d attempts",
                             agent, attempt)
                 outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
-            return []
+            return [], []
         unflushed = flush_each(self._store, agents)
         for agent, exc in unflushed.items():
             log.warning("re-fold for %s failed: %s", agent, exc)

@@ -5,6 +5,7 @@ its own."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import msgspec
@@ -183,6 +184,23 @@ def test_a_batch_costs_the_same_round_trips_whatever_its_size(
     assert small == large, (small, large)
 
 
+def test_an_agent_that_just_dispatched_is_not_flushed_or_read_again(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    store = _CountingFlushes()
+    system, clock = _system(redis_client, settings, store)
+    wakes = _made_due(system, clock, ["a1", "a2"])
+    store.flushes.clear()
+
+    outcomes = system.owner.wake_many(wakes)
+
+    assert outcomes == {"a1": WakeOutcome.SETTLED, "a2": WakeOutcome.SETTLED}
+    # the preflight and the barrier; the check after the dispatch flushes nothing
+    assert store.flushes == Counter({"a1": 2, "a2": 2})
+    assert all(len(dispatch_records(store, name)) == 1 for name in ("a1", "a2"))
+    assert all(system.coordination.followups.waiting(name) == 1 for name in ("a1", "a2"))
+
+
 # -- the host's side: many agents' followups delivered together ---------------------------
 
 
@@ -244,6 +262,18 @@ def test_serving_many_agents_costs_the_same_round_trips_whatever_their_number(
 
     small, large = trips_for(4, "s"), trips_for(40, "l")
     assert small == large, (small, large)
+
+
+class _CountingFlushes(MemoryStore):
+    """Counts the flushes of each session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes: Counter[str] = Counter()
+
+    def flush(self, session_id: str) -> None:
+        self.flushes[session_id] += 1
+        super().flush(session_id)
 
 
 class _FailingBarrier(MemoryStore):
