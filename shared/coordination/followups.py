@@ -25,10 +25,11 @@ import msgspec
 import redis
 
 from dsh_schedule.shared.coordination.keys import STREAM_GROUP, Keys
-from dsh_schedule.shared.coordination.scripts import queue_script
+from dsh_schedule.shared.coordination.scripts import run_script_batch
 from dsh_schedule.shared.core.ledger import Pair
 
 READY_MAXLEN: Final = 10_000
+READ_COUNT: Final = 16  # the most entries one read of an agent's stream returns
 READY_START: Final = "0-0"
 _ADD_ATTEMPTS: Final = 4
 
@@ -40,8 +41,8 @@ class FollowupEntry(msgspec.Struct, frozen=True, kw_only=True):
 
 
 __all__ = [
-    "READY_MAXLEN", "READY_START", "FollowupEntry", "Followups", "Pair", "ReadyRead",
-    "stream_id_ms",
+    "READ_COUNT", "READY_MAXLEN", "READY_START", "FollowupEntry", "Followups", "Pair", "ReadyRead",
+    "StreamRead", "stream_id_ms",
 ]
 
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
@@ -91,12 +92,69 @@ return announced
 """
 
 
+# KEYS[1] an agent's followup stream; ARGV[1] the consumer group, ARGV[2] an entry id.
+# Acknowledges and deletes the entry.
+_DONE = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('XDEL', KEYS[1], ARGV[2])
+"""
+
+# KEYS[1] an agent's followup stream; ARGV[1] the consumer group, ARGV[2] the consumer,
+# ARGV[3] the most entries to read. This consumer's unacknowledged entries (an entry
+# deleted since comes without fields), else its new ones: {1, {{id, {field, value, ...}},
+# ...}, drained}, drained 1 when they were new ones and fewer than ARGV[3] (the read took
+# every entry the stream held); {0, the error, 0} when the stream or its group is missing.
+_READ = """
+local function read(start)
+  local reply = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+                            'STREAMS', KEYS[1], start)
+  if type(reply) == 'table' and reply['err'] then
+    return nil, reply['err']
+  end
+  if not reply or not reply[1] then
+    return {}
+  end
+  if type(reply[1]) == 'table' then
+    reply = reply[1]  -- {{stream, entries}}; the embedded server leaves out the outer list
+  end
+  return reply[2] or {}
+end
+local entries, err = read('0')
+if err then
+  return {0, err, 0}
+end
+for _, entry in ipairs(entries) do
+  if entry[2] then
+    return {1, entries, 0}
+  end
+end
+entries, err = read('>')
+if err then
+  return {0, err, 0}
+end
+if #entries < tonumber(ARGV[3]) then
+  return {1, entries, 1}
+end
+return {1, entries, 0}
+"""
+
+# KEYS[1] an agent's followup stream. Its length.
+_XLEN = """
+return redis.call('XLEN', KEYS[1])
+"""
+
+
 def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> FollowupEntry:
     return FollowupEntry(
         entry_id=_text(entry_id),
         text=fields[b"text"].decode(),
         pairs=_PAIRS.decode(fields[b"pairs"]),
     )
+
+
+def _fields(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's fields from a script's flat ``field, value, ...`` list."""
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
 
 
 def _text(value: bytes | str) -> str:
@@ -111,6 +169,14 @@ def stream_id_ms(entry_id: str) -> int:
     """The server's epoch millisecond at which a stream entry was added (its id's first
     part)."""
     return int(entry_id.partition("-")[0])
+
+
+class StreamRead(msgspec.Struct, frozen=True):
+    """One read of an agent's followup stream: its entries, and whether it took every
+    entry the stream held for this consumer at the time (``drained``)."""
+
+    entries: list[FollowupEntry]
+    drained: bool
 
 
 class ReadyRead(msgspec.Struct, frozen=True):
@@ -128,7 +194,6 @@ class Followups:
         self._client = client
         self._keys = keys
         self._ready_maxlen = ready_maxlen
-        self._add = client.register_script(_ADD)
         self._announce_stale = client.register_script(_ANNOUNCE_STALE)
 
     def add(self, agent: str, text: str, pairs: Sequence[Pair]) -> str:
@@ -138,30 +203,26 @@ class Followups:
         return self.add_many([(agent, text, pairs)])[0]
 
     def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
-        """``add`` for many ``(agent, text, pairs)`` entries: one pipelined round trip
-        looks up the agents' queues, one more writes every entry (each write one atomic
-        script with its announcement). Entries whose agent's lease moved in between are
-        written again with the queue it names now. The entry ids, in order."""
+        """``add`` for many ``(agent, text, pairs)`` entries: one round trip looks up the
+        agents' queues, one more writes every entry (one script call, each entry written
+        with its announcement as ``add`` writes it). Entries whose agent's lease moved in
+        between are written again with the queue it names now. The entry ids, in order."""
         if not items:
             return []
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in (item[0] for item in items):
-                pipe.hget(self._keys.lease_queue(), agent)
-            queues = [_text(q) if isinstance(q, bytes | str) else "" for q in pipe.execute()]
+        found: list[Any] = self._client.hmget(self._keys.lease_queue(),
+                                              [item[0] for item in items])
+        queues = [_text(q) if isinstance(q, bytes | str) else "" for q in found]
         ids: list[str | None] = [None] * len(items)
         pending = list(range(len(items)))
         for _attempt in range(_ADD_ATTEMPTS):
-            with self._client.pipeline(transaction=False) as pipe:
-                for index in pending:
-                    agent, text, pairs = items[index]
-                    queue_script(
-                        pipe, self._add,
-                        [self._keys.followups(agent), self._keys.lease_queue(),
-                         self._keys.ready(queues[index])],
-                        [agent, text.encode(), _encode_pairs(pairs).encode(), queues[index],
-                         self._ready_maxlen, STREAM_GROUP],
-                    )
-                written: list[Any] = pipe.execute()
+            written = run_script_batch(self._client, _ADD, [
+                ([self._keys.followups(agent), self._keys.lease_queue(),
+                  self._keys.ready(queues[index])],
+                 [agent, text.encode(), _encode_pairs(pairs).encode(), queues[index],
+                  self._ready_maxlen, STREAM_GROUP])
+                for index in pending
+                for agent, text, pairs in [items[index]]
+            ])
             moved = []
             for index, (done, value) in zip(pending, written, strict=True):
                 if done:
@@ -199,7 +260,7 @@ class Followups:
                 raise
 
     def read(
-        self, agent: str, consumer: str, *, count: int = 16, block_ms: int | None = None
+        self, agent: str, consumer: str, *, count: int = READ_COUNT, block_ms: int | None = None
     ) -> list[FollowupEntry]:
         """Entries for this consumer: its own unacknowledged ones first, then new ones.
 
@@ -236,50 +297,47 @@ class Followups:
         return found
 
     def read_many(
-        self, agents: Sequence[str], consumer: str, *, count: int = 16
+        self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
     ) -> dict[str, list[FollowupEntry]]:
-        """``read`` (without blocking) for many agents: one pipelined round trip for this
-        consumer's unacknowledged entries, one for new entries of the agents that had
-        none. An agent whose stream has no consumer group yet is read alone, as ``read``
-        does (which creates the group)."""
-        found: dict[str, list[FollowupEntry]] = {}
+        """``read`` (without blocking) for many agents, in one script call: for each, this
+        consumer's unacknowledged entries, else its new ones."""
+        return {agent: read.entries
+                for agent, read in self.read_each(agents, consumer, count=count).items()}
+
+    def read_each(
+        self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
+    ) -> dict[str, StreamRead]:
+        """``read_many``, saying for each agent whether the read took every entry its
+        stream held for this consumer then (``drained``). An agent whose stream has no
+        consumer group yet is read alone, as ``read`` does (which creates the group)."""
+        found: dict[str, StreamRead] = {}
         alone: list[str] = []
         pending = list(dict.fromkeys(agents))
-        for start in ("0", ">"):
-            if not pending:
-                break
-            with self._client.pipeline(transaction=False) as pipe:
-                for agent in pending:
-                    pipe.xreadgroup(STREAM_GROUP, consumer, {self._keys.followups(agent): start},
-                                    count=count)
-                replies: list[Any] = pipe.execute(raise_on_error=False)
-            unread = []
-            for agent, reply in zip(pending, replies, strict=True):
-                if isinstance(reply, redis.ResponseError):
-                    if "NOGROUP" not in str(reply) and "key to exist" not in str(reply):
-                        raise reply
-                    alone.append(agent)
-                    continue
-                entries = [_entry(i, f) for _s, items in reply or [] for i, f in items if f]
-                if entries:
-                    found[agent] = entries
-                else:
-                    unread.append(agent)
-            pending = unread
+        replies = run_script_batch(self._client, _READ, [
+            ([self._keys.followups(agent)], [STREAM_GROUP, consumer, count])
+            for agent in pending
+        ])
+        for agent, (ok, value, drained) in zip(pending, replies, strict=True):
+            if not ok:
+                error = _text(value)
+                if "NOGROUP" not in error and "key to exist" not in error:
+                    raise redis.ResponseError(error)
+                alone.append(agent)
+                continue
+            found[agent] = StreamRead(
+                [_entry(entry_id, _fields(flat)) for entry_id, flat in value if flat],
+                drained=bool(drained))
         for agent in alone:
-            found[agent] = self.read(agent, consumer, count=count)
-        return {agent: found.get(agent, []) for agent in dict.fromkeys(agents)}
+            found[agent] = StreamRead(self.read(agent, consumer, count=count), drained=False)
+        return {agent: found[agent] for agent in pending}
 
     def done_many(self, entries: Sequence[tuple[str, str]]) -> None:
-        """``done`` for many ``(agent, entry id)``, in one pipelined round trip."""
+        """``done`` for many ``(agent, entry id)``, in one round trip."""
         if not entries:
             return
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent, entry_id in entries:
-                key = self._keys.followups(agent)
-                pipe.xack(key, STREAM_GROUP, entry_id)
-                pipe.xdel(key, entry_id)
-            pipe.execute()
+        run_script_batch(self._client, _DONE, [([self._keys.followups(agent)],
+                                                 [STREAM_GROUP, entry_id])
+                                                for agent, entry_id in entries])
 
     def claim_stale(self, agent: str, consumer: str, *, min_idle_ms: int) -> list[FollowupEntry]:
         """Take over entries another consumer read but never acknowledged (a crashed host)."""
@@ -310,11 +368,10 @@ class Followups:
         return int(self._client.xlen(self._keys.followups(agent)))
 
     def waiting_many(self, agents: Sequence[str]) -> list[int]:
-        """``waiting`` for many agents, in one pipelined round trip."""
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                pipe.xlen(self._keys.followups(agent))
-            return [int(n) for n in pipe.execute()]
+        """``waiting`` for many agents, in one round trip."""
+        replies = run_script_batch(self._client, _XLEN,
+                                   [([self._keys.followups(agent)], []) for agent in agents])
+        return [int(n) for n in replies]
 
     # -- staleness --------------------------------------------------------------------
 

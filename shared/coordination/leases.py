@@ -94,10 +94,7 @@ class Leases:
         """The agents of ``agents`` that hold a valid lease, in one round trip."""
         if not agents:
             return []
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                pipe.zscore(self._keys.live(), agent)
-            scores = pipe.execute()
+        scores = self._client.zmscore(self._keys.live(), list(agents))
         return [a for a, score in zip(agents, scores, strict=True)
                 if score is not None and score >= now_ms]
 

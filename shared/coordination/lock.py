@@ -20,7 +20,7 @@ from redis.commands.core import Script
 from redis.exceptions import LockError
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import queue_script
+from dsh_schedule.shared.coordination.scripts import queue_script, run_script_batch
 from dsh_schedule.shared.core.errors import ScheduleError
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,16 @@ for i = 1, #KEYS do
   end
 end
 return released
+"""
+
+
+# KEYS[1] a lock key; ARGV[1] the batch's token, ARGV[2] the TTL in ms. The same
+# ``SET NX PX`` a single lock takes; 1 when taken, 0 when the lock is busy.
+_TAKE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return 0
 """
 
 
@@ -114,17 +124,15 @@ class AgentLocks:
         """Hold, for the block, the locks of those ``agents`` that are free now; yields
         the agents whose lock is held (the others are busy: no waiting here).
 
-        One pipelined round trip takes them (the same ``SET NX PX`` a single lock takes,
-        under one token for the batch), one script call releases them. The release, like
+        One script call takes them (the same ``SET NX PX`` a single lock takes, under one
+        token for the batch), one more releases them. The release, like
         ``hold``'s, is never an error: an unreachable Redis lets the locks expire by TTL.
         """
         token = uuid.uuid4().hex
         keys = {agent: self._keys.lock(agent) for agent in dict.fromkeys(agents)}
         ttl_ms = max(int(self._ttl_s * 1000), 1)
-        with self._client.pipeline(transaction=False) as pipe:
-            for key in keys.values():
-                pipe.set(key, token, nx=True, px=ttl_ms)
-            taken = pipe.execute()
+        taken = run_script_batch(self._client, _TAKE,
+                                 [([key], [token, ttl_ms]) for key in keys.values()])
         held = {agent for agent, ok in zip(keys, taken, strict=True) if ok}
         try:
             yield held

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from enum import Enum
 
 import redis
+from redis.typing import EncodableT
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import queue_script
+from dsh_schedule.shared.coordination.scripts import run_script_batch
 
 # KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms,
 # ARGV[3] "1" to register an idle waiter when the phase is taken.
@@ -63,9 +64,6 @@ class AgentPhase:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self._client = client
         self._keys = keys
-        self._claim = client.register_script(_CLAIM)
-        self._release = client.register_script(_RELEASE)
-        self._renew = client.register_script(_RENEW)
 
     def _args(self, agent: str) -> list[str]:
         return [self._keys.phase(agent), self._keys.idle_waiter(agent)]
@@ -82,23 +80,22 @@ class AgentPhase:
         self, agents: Sequence[str], kind: str, token: str, ttl_s: float
     ) -> list[bool]:
         """``claim_maintenance`` (kind ``maintenance``) or ``claim_turn`` (kind ``turn``)
-        for many agents under one token, in one pipelined round trip; each claim is still
-        one atomic script. Whether each was claimed."""
+        for many agents under one token, in one round trip: one script call claims them
+        all, each claim as the single-agent script makes it. Whether each was claimed."""
         if kind not in ("maintenance", "turn"):
             raise ValueError(f"unknown phase kind {kind!r}")
         waiter = "1" if kind == "maintenance" else "0"
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                queue_script(pipe, self._claim, self._args(agent),
-                             [f"{kind}:{token}", int(ttl_s * 1000), waiter])
-            return [bool(r) for r in pipe.execute()]
+        args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000), waiter]
+        replies = run_script_batch(self._client, _CLAIM,
+                                   [(self._args(agent), args) for agent in agents])
+        return [bool(r) for r in replies]
 
     def release_many(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
-        """``release`` for many agents held under one token, in one pipelined round trip."""
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                queue_script(pipe, self._release, self._args(agent), [f"{kind}:{token}"])
-            return [Release(int(r)) for r in pipe.execute()]
+        """``release`` for many agents held under one token, in one round trip."""
+        args = [f"{kind}:{token}"]
+        replies = run_script_batch(self._client, _RELEASE,
+                                   [(self._args(agent), args) for agent in agents])
+        return [Release(int(r)) for r in replies]
 
     def release(self, agent: str, kind: str, token: str) -> Release:
         return self.release_many([agent], kind, token)[0]
@@ -107,12 +104,11 @@ class AgentPhase:
         return self.renew_many([agent], kind, token, ttl_s)[0]
 
     def renew_many(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
-        """``renew`` for many agents held under one token, in one pipelined round trip."""
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                queue_script(pipe, self._renew, [self._keys.phase(agent)],
-                             [f"{kind}:{token}", int(ttl_s * 1000)])
-            return [bool(r) for r in pipe.execute()]
+        """``renew`` for many agents held under one token, in one round trip."""
+        args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000)]
+        replies = run_script_batch(self._client, _RENEW,
+                                   [([self._keys.phase(agent)], args) for agent in agents])
+        return [bool(r) for r in replies]
 
     def holder(self, agent: str) -> str | None:
         value = self._client.get(self._keys.phase(agent))

@@ -5,12 +5,19 @@ is loaded (``SCRIPT EXISTS``) before every pipeline that holds one: a round trip
 time. ``queue_script`` queues an ``EVAL`` of the script's source instead. Redis keeps the
 compiled form by its digest, so a repeated ``EVAL`` costs only the bytes of the source,
 and it cannot fail because Redis lost its scripts (a flush, a restart).
+
+A batch of many agents is one command, not one per agent (docs/decisions.md#delivery, "A
+batch is one command"): ``queue_script_batch`` runs a script written for one item once for
+every item of the batch, in one ``EVAL``, since redis-py spends tens of microseconds of
+Python on every command it packs and parses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.typing import EncodableT, KeyT
@@ -23,3 +30,71 @@ def queue_script(
     source = script.script
     text = source if isinstance(source, str) else bytes(source).decode()
     pipe.eval(text, len(keys), *keys, *args)
+
+
+# The wrapper that runs a per-item script body once per item of a batch, in one call.
+# ARGV[1] keys per item, ARGV[2] arguments per item, ARGV[3] the number of items; item i's
+# keys and arguments follow in order. Each item's reply is the body's (nil becomes false,
+# Redis's nil), in the order of the items.
+_BATCH = """
+local nk, na, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local function one(KEYS, ARGV)
+%s
+end
+local replies = {}
+for i = 0, n - 1 do
+  local keys, args = {}, {}
+  for j = 1, nk do keys[j] = KEYS[i * nk + j] end
+  for j = 1, na do args[j] = ARGV[3 + i * na + j] end
+  local reply = one(keys, args)
+  if reply == nil then reply = false end
+  replies[i + 1] = reply
+end
+return replies
+"""
+
+_batched: dict[str, str] = {}
+
+
+def batch_source(body: str) -> str:
+    """The source of the script that runs ``body`` (a script written for one item, its
+    keys in ``KEYS`` and arguments in ``ARGV``) for every item of a batch."""
+    source = _batched.get(body)
+    if source is None:
+        source = _batched[body] = _BATCH % body
+    return source
+
+
+def queue_script_batch(
+    pipe: Pipeline, body: str,
+    items: Sequence[tuple[Sequence[KeyT], Sequence[EncodableT]]],
+) -> None:
+    """Queue one call that runs the one-item script ``body`` for each ``(keys, args)`` of
+    ``items`` (each item the same number of keys and of arguments), atomically; its reply,
+    in order on ``pipe``, is the list of the items' replies. A batch costs one command,
+    whatever its size."""
+    if not items:
+        raise ValueError("an empty batch")
+    nk, na = len(items[0][0]), len(items[0][1])
+    keys: list[KeyT] = []
+    args: list[EncodableT] = [nk, na, len(items)]
+    for item_keys, item_args in items:
+        if len(item_keys) != nk or len(item_args) != na:
+            raise ValueError("every item of a batch takes as many keys and arguments")
+        keys.extend(item_keys)
+        args.extend(item_args)
+    pipe.eval(batch_source(body), len(keys), *keys, *args)
+
+
+def run_script_batch(
+    client: redis.Redis, body: str,
+    items: Sequence[tuple[Sequence[KeyT], Sequence[EncodableT]]],
+) -> list[Any]:
+    """``queue_script_batch`` on a pipeline of its own: one round trip; the items' replies
+    (an empty batch sends nothing)."""
+    if not items:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        queue_script_batch(pipe, body, items)
+        reply: list[Any] = pipe.execute()[0]
+    return reply

@@ -1,0 +1,43 @@
+"""A script written for one item, run for a whole batch in one call
+(docs/decisions.md#delivery, "A batch is one command"), on the fake and the real Redis."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from dsh_schedule.shared.coordination.scripts import run_script_batch
+
+# KEYS[1] a counter; ARGV[1] a step, ARGV[2] a floor. The counter after the step, or nil
+# when it would fall below the floor.
+_STEP = """
+local value = tonumber(redis.call('GET', KEYS[1]) or '0') + tonumber(ARGV[1])
+if value < tonumber(ARGV[2]) then
+  return nil
+end
+redis.call('SET', KEYS[1], value)
+return value
+"""
+
+
+def test_each_item_gets_its_own_keys_arguments_and_reply_in_order(
+    redis_client: redis.Redis,
+) -> None:
+    redis_client.set("b", 5)
+    replies = run_script_batch(redis_client, _STEP, [
+        (["a"], [2, 0]), (["b"], [-10, 0]), (["b"], [1, 0]), (["a"], [3, 0]),
+    ])
+    assert replies == [2, None, 6, 5]  # the refused step wrote nothing; items run in order
+    assert redis_client.mget(["a", "b"]) == [b"5", b"6"]
+
+
+def test_an_empty_batch_sends_nothing(redis_client: redis.Redis) -> None:
+    assert run_script_batch(redis_client, _STEP, []) == []
+
+
+def test_items_of_different_shapes_are_refused_before_anything_is_sent(
+    redis_client: redis.Redis,
+) -> None:
+    with pytest.raises(ValueError, match="as many keys and arguments"):
+        run_script_batch(redis_client, _STEP, [(["a"], [1, 0]), (["b", "c"], [1, 0])])
+    assert redis_client.exists("a") == 0
