@@ -38,7 +38,12 @@ import redis
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.followups import READY_START, FollowupEntry, Pair
+from dsh_schedule.shared.coordination.followups import (
+    READY_START,
+    FollowupEntry,
+    Pair,
+    StreamRead,
+)
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
@@ -398,7 +403,8 @@ class HostBridge:
         whose lock was busy (a due transaction is finishing) is then served alone, waiting
         for its lock as ``deliver_next`` does. Call again with ``again`` until it is
         empty."""
-        read = self._coord.followups.read_many(agents, self.consumer)
+        reads = self._coord.followups.read_each(agents, self.consumer)
+        read = {agent: found.entries for agent, found in reads.items()}
         with_entries = [agent for agent, entries in read.items() if entries]
         decided = _Decided()
         with self._coord.locks.hold_many(with_entries) as held:
@@ -412,14 +418,14 @@ class HostBridge:
                                 unflushed[agent].reason)
                     decided.failed.append(agent)
                 elif agent in held:
-                    self._decide(agent, read[agent], decided, barrier=False)
+                    self._decide(agent, reads[agent], decided, barrier=False)
             for agent, exc in flush_each(self._store, decided.delivered).items():
                 # The message is appended: the turn must run. The next preflight confirms
                 # its durability.
                 log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
         for agent in with_entries:
             if agent not in held:
-                self._decide(agent, read[agent], decided, barrier=True)
+                self._decide(agent, reads[agent], decided, barrier=True)
         self._coord.followups.done_many(decided.entries)
         return DeliveryRound(
             delivered=decided.delivered, again=tuple(decided.again),
@@ -427,18 +433,20 @@ class HostBridge:
             busy=tuple(decided.busy), failed=tuple(decided.failed),
         )
 
-    def _decide(self, agent: str, entries: Sequence[FollowupEntry], decided: _Decided, *,
+    def _decide(self, agent: str, read: StreamRead, decided: _Decided, *,
                 barrier: bool) -> None:
         """Gate ``entries`` in order until one is delivered, noting what was decided. With
         ``barrier``, each gate takes the agent's lock itself (waiting for it) and flushes
         after a delivery; else the caller holds the lock and flushes."""
+        left = len(read.entries)
         try:
-            for entry in entries:
+            for entry in read.entries:
                 if barrier:
                     delivery = self._gate(agent, entry)
                 else:
                     delivery = self._gate_held(agent, entry, barrier=False)
                 decided.entries.append((agent, entry.entry_id))
+                left -= 1
                 if delivery is not None:
                     decided.delivered[agent] = delivery
                     break
@@ -452,7 +460,10 @@ class HostBridge:
                 log.exception("delivering followups for %s failed", agent)
             decided.failed.append(agent)
             return
-        decided.again.append(agent)
+        if left or not read.drained:
+            # More entries may wait. A stream the read emptied needs no second look: an
+            # entry added since is announced on the ready stream again.
+            decided.again.append(agent)
 
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
         with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):

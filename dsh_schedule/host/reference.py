@@ -252,7 +252,7 @@ class ReferenceHost:
             bridge.later(found.failed, self.settings.followup_stale_s)
             for session_id, delivery in found.delivered.items():
                 self._finish_turn(session_id, delivery.turn, _acknowledge(delivery),
-                                  flush=False)
+                                  flush=False, at=delivery.turn + len(delivery.events))
             for session_id, exc in flush_each(self.store, found.delivered).items():
                 # The turn is appended; the next flush of the session confirms it.
                 log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
@@ -326,7 +326,9 @@ class ReferenceHost:
 
     # -- log helpers ----------------------------------------------------------------
 
-    def _finish_turn(self, session_id: str, turn: int, answer: str, *, flush: bool = True) -> None:
+    def _finish_turn(self, session_id: str, turn: int, answer: str, *, flush: bool = True,
+                     at: int | None = None) -> None:
+        """Append the turn's answer and end (``at``: the log's length, when known)."""
         now = self.clock()
         self._append(session_id, [
             NewEvent(type=STEP_START, time=now, data={"turn": turn, "step": 1}),
@@ -334,15 +336,17 @@ class ReferenceHost:
                      data={"content": [{"type": "text", "text": answer}]}),
             NewEvent(type=STEP_END, time=now, data={"turn": turn, "step": 1}),
             NewEvent(type=TURN_END, time=now, data={"turn": turn}),
-        ])
+        ], at=at)
         if flush:
             self.store.flush(session_id)
 
-    def _append(self, session_id: str, events: list[NewEvent]) -> int:
-        """Append at the current end (retrying fence conflicts); returns the old length."""
+    def _append(self, session_id: str, events: list[NewEvent], *,
+                at: int | None = None) -> int:
+        """Append at the current end (retrying fence conflicts); returns the old length.
+        ``at``: the length the caller knows the log has, tried first."""
 
-        def attempt(_n: int) -> int:
-            length = len(self.store.read(session_id).events)
+        def attempt(n: int) -> int:
+            length = at if at is not None and n == 0 else len(self.store.read(session_id).events)
             if events:
                 self.store.append(session_id, events, expected_seq=length)
             return length

@@ -34,7 +34,13 @@ from dsh_schedule.loadtest.stats import (
 )
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.followups import FollowupEntry, Followups, Pair
+from dsh_schedule.shared.coordination.followups import (
+    READ_COUNT,
+    FollowupEntry,
+    Followups,
+    Pair,
+    StreamRead,
+)
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.events import USER_MESSAGE
 from dsh_schedule.shared.core.instant import parse_instant, to_datetime
@@ -81,15 +87,15 @@ class RecordingFollowups(Followups):
         self.written_ms: dict[tuple[str, Pair], int] = {}
         self._lock = threading.Lock()
 
-    def read(self, agent: str, consumer: str, *, count: int = 16,
+    def read(self, agent: str, consumer: str, *, count: int = READ_COUNT,
              block_ms: int | None = None) -> list[FollowupEntry]:
         return self._note(agent, super().read(agent, consumer, count=count, block_ms=block_ms))
 
-    def read_many(self, agents: Sequence[str], consumer: str, *,
-                  count: int = 16) -> dict[str, list[FollowupEntry]]:
-        found = super().read_many(agents, consumer, count=count)
-        for agent, entries in found.items():
-            self._note(agent, entries)
+    def read_each(self, agents: Sequence[str], consumer: str, *,
+                  count: int = READ_COUNT) -> dict[str, StreamRead]:
+        found = super().read_each(agents, consumer, count=count)
+        for agent, read in found.items():
+            self._note(agent, read.entries)
         return found
 
     def claim_stale(self, agent: str, consumer: str, *, min_idle_ms: int) -> list[FollowupEntry]:

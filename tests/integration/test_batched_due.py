@@ -276,20 +276,39 @@ def test_an_agent_in_a_turn_is_handed_back_and_delivered_once_it_ends(
     assert len(reminder_texts(system.store, "talking")) == 1
 
 
-def test_serving_many_agents_costs_the_same_round_trips_whatever_their_number(
-    real_redis: redis.Redis, settings: Settings, round_trips: list[int]
+def test_serving_many_agents_costs_the_same_round_trips_and_commands_whatever_their_number(
+    real_redis: redis.Redis, settings: Settings, round_trips: list[int],
+    commands: Counter[str],
 ) -> None:
-    def trips_for(count: int, tag: str) -> int:
+    def cost_of(count: int, tag: str) -> tuple[int, Counter[str]]:
         system, clock = _system(real_redis, settings)
         names = [f"{tag}{i}" for i in range(count)]
         _dispatched(system, clock, names)
-        before = round_trips[0]
+        before, sent = round_trips[0], Counter(commands)
         delivered = system.host.serve(0.0)
         assert len(delivered) == count
-        return round_trips[0] - before
+        return round_trips[0] - before, commands - sent
 
-    small, large = trips_for(4, "s"), trips_for(40, "l")
+    (small_trips, small), (large_trips, large) = cost_of(4, "s"), cost_of(40, "l")
+    assert small_trips == large_trips, (small_trips, large_trips)
     assert small == large, (small, large)
+
+
+def test_a_round_that_empties_a_stream_does_not_read_it_again(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    system, clock = _system(redis_client, settings)
+    _dispatched(system, clock, ["one", "two"])
+    followups = system.coordination.followups
+    followups.add("two", "a second entry", [])  # "two" holds two entries now
+    bridge = system.host.plugin.bridge
+
+    with bridge.turns(["one", "two"]) as held:
+        first = bridge.deliver_many(held)
+
+    assert sorted(first.delivered) == ["one", "two"]
+    assert first.again == ("two",)  # its read left an entry; "one"'s read emptied it
+    assert followups.waiting("one") == 0
 
 
 class _CountingFlushes(MemoryStore):
