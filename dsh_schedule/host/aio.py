@@ -13,7 +13,8 @@ delivery gate and every session file read or write run in a worker thread
   the embedded Redis), and ``bridge.deliveries(agent)``, an async iterator of the
   reminders delivered into the session;
 - ``plugin.serve(on_delivery, stop)``, the whole followup loop of a host: leases, pushed
-  delivery, each reminder in a turn of its own, Redis outages ridden out.
+  delivery, each reminder in a turn of its own, many agents served at once, Redis outages
+  ridden out.
 
 Cancellation never leaves half a step behind: a step already handed to its thread runs to
 its end (a thread cannot be stopped), and only then is the cancellation passed on; a turn
@@ -24,6 +25,7 @@ an async turn always releases the phase it claimed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -59,6 +61,7 @@ DeliveryHandler = Callable[[str, Delivery], Awaitable[None]]
 BLOCK_S: Final = 1.0  # the longest one wait of ``serve`` for the ready stream
 TURN_WAIT_S: Final = 0.1  # how long ``serve`` waits for an agent's turn before moving on
 BUSY_RETRY_S: Final = 1.0  # when an agent whose turn or lock was busy is looked at again
+MAX_TURNS: Final = 64  # how many agents ``serve`` serves at once, by default
 # Without a socket timeout of its own, one blocking read of the ready stream waits at most
 # this long before the bridge looks again (a connection that died silently is noticed).
 LONGEST_BLOCK_S: Final = 30.0
@@ -475,7 +478,8 @@ class AsyncSchedulePlugin:
     # -- the followup loop ------------------------------------------------------------
 
     async def serve(
-        self, on_delivery: DeliveryHandler, stop: asyncio.Event, *, poll_s: float = BLOCK_S
+        self, on_delivery: DeliveryHandler, stop: asyncio.Event, *, poll_s: float = BLOCK_S,
+        max_turns: int = MAX_TURNS,
     ) -> None:
         """Deliver every installed agent's reminders until ``stop`` is set.
 
@@ -484,44 +488,81 @@ class AsyncSchedulePlugin:
         that has an entry this host can take, holds its turn and awaits
         ``on_delivery(agent, delivery)`` for each reminder delivered into the session —
         the handler runs the model on ``delivery.text`` and appends the rest of that turn
-        (``step/start`` … ``turn/end``, each with ``"turn": delivery.turn``). An agent
-        whose turn or lock is busy is looked at again a second later. Through a Redis
+        (``step/start`` … ``turn/end``, each with ``"turn": delivery.turn``). Agents are
+        served concurrently, each in a task of its own, at most ``max_turns`` at a time:
+        one agent's slow model turn holds up no other agent, and one agent is never in
+        two of them. An agent whose turn or lock is busy is looked at again a second
+        later. Once ``stop`` is set, the turns in progress end before ``serve`` returns
+        (cancelling ``serve`` cancels them, and each releases its turn). Through a Redis
         outage it keeps running, says once that Redis went away and once that it is
         back, then renews every lease first and looks at every agent once more
         (docs/architecture.md#outages).
         """
+        if max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
         outage = Outage(log, "async host")
         next_renew = 0.0
         recheck = False
-        while not stop.is_set():
-            try:
-                if time.monotonic() >= next_renew:
-                    await self.renew_leases()
-                    next_renew = time.monotonic() + self.settings.lease_renew_s
-                if recheck:
-                    await self.bridge.recheck_all()
-                    recheck = False
-                wait_s = min(poll_s, max(next_renew - time.monotonic(), 0.0))
-                agents = await self.bridge.ready(wait_s)
-                for index, agent in enumerate(agents):
-                    if stop.is_set():
-                        self.bridge.later(agents[index:], 0.0)
-                        break
-                    try:
-                        with log_context(agent=agent):
-                            await self._serve_one(agent, on_delivery)
-                    except (redis.ConnectionError, redis.TimeoutError):
-                        self.bridge.later(agents[index:], 0.0)
-                        raise
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                next_renew = 0.0  # renew first thing once Redis is back
-                recheck = True
+        serving: dict[str, asyncio.Task[None]] = {}
+        named_again: set[str] = set()
+
+        def finished(agent: str, _task: asyncio.Task[None]) -> None:
+            serving.pop(agent, None)
+            if agent in named_again:  # named while it was being served: look once more
+                named_again.discard(agent)
+                self.bridge.later([agent], 0.0)
+
+        try:
+            while not stop.is_set():
                 try:
-                    await asyncio.wait_for(stop.wait(), outage.failed(exc))
-                except TimeoutError:
-                    pass
-                continue
-            outage.succeeded()
+                    if time.monotonic() >= next_renew:
+                        await self.renew_leases()
+                        next_renew = time.monotonic() + self.settings.lease_renew_s
+                    if recheck:
+                        await self.bridge.recheck_all()
+                        recheck = False
+                    wait_s = min(poll_s, max(next_renew - time.monotonic(), 0.0))
+                    agents = await self.bridge.ready(wait_s)
+                    for index, agent in enumerate(agents):
+                        while len(serving) >= max_turns and not stop.is_set():
+                            await asyncio.wait(list(serving.values()),
+                                               return_when=asyncio.FIRST_COMPLETED)
+                        if stop.is_set():
+                            self.bridge.later(agents[index:], 0.0)
+                            break
+                        if agent in serving:
+                            named_again.add(agent)
+                            continue
+                        task = asyncio.create_task(self._serve_task(agent, on_delivery))
+                        serving[agent] = task
+                        task.add_done_callback(functools.partial(finished, agent))
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    next_renew = 0.0  # renew first thing once Redis is back
+                    recheck = True
+                    try:
+                        await asyncio.wait_for(stop.wait(), outage.failed(exc))
+                    except TimeoutError:
+                        pass
+                    continue
+                outage.succeeded()
+        finally:
+            tasks = list(serving.values())
+            if not stop.is_set():  # cancelled or failed: end the turns in progress now
+                for task in tasks:
+                    task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _serve_task(self, agent: str, on_delivery: DeliveryHandler) -> None:
+        """One agent's delivery in a task of its own; a Redis failure hands the agent
+        back (the loop meets the outage itself)."""
+        try:
+            with log_context(agent=agent):
+                await self._serve_one(agent, on_delivery)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.debug("delivery for %s stopped: Redis unavailable (%s)", agent,
+                      type(exc).__name__)
+            self.bridge.later([agent], 0.0)
 
     async def _serve_one(self, agent: str, on_delivery: DeliveryHandler) -> None:
         bridge = self.bridge

@@ -35,7 +35,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import ensure_config, merge_configs
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
-from dsh_schedule.host.aio import AsyncSchedulePlugin, AsyncScheduleTools
+from dsh_schedule.host.aio import MAX_TURNS, AsyncSchedulePlugin, AsyncScheduleTools
 from dsh_schedule.host.bridge import Delivery
 from dsh_schedule.integrations.session import SessionRecorder, TurnLog
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
@@ -257,8 +257,10 @@ async def serve_followups(
     make_input: InputFactory = _messages_input,
     on_answer: AnswerHandler | None = None,
     poll_s: float = 1.0,
+    max_turns: int = MAX_TURNS,
 ) -> None:
-    """The followup loop until ``stop``: ``plugin.serve`` with a handler that answers each
+    """The followup loop until ``stop``: ``plugin.serve`` (at most ``max_turns`` agents
+    answered at once) with a handler that answers each
     delivered reminder with ``answer_reminder`` (then awaits ``on_answer(thread_id,
     delivery, output)`` when given)."""
     recorder = SessionRecorder(plugin.store, clock=plugin.clock)
@@ -269,5 +271,5 @@ async def serve_followups(
         if on_answer is not None:
             await on_answer(thread_id, delivery, output)
 
-    await plugin.serve(deliver, stop, poll_s=poll_s)
+    await plugin.serve(deliver, stop, poll_s=poll_s, max_turns=max_turns)
 

@@ -40,7 +40,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 
-from dsh_schedule.host.aio import AsyncSchedulePlugin, AsyncScheduleTools
+from dsh_schedule.host.aio import MAX_TURNS, AsyncSchedulePlugin, AsyncScheduleTools
 from dsh_schedule.host.bridge import Delivery
 from dsh_schedule.integrations.session import SessionRecorder, TurnLog
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
@@ -248,8 +248,10 @@ async def serve_followups(
     history: MessageHistory,
     on_answer: Callable[[str, Delivery, AgentRunResult[OutputT]], Awaitable[None]] | None = None,
     poll_s: float = 1.0,
+    max_turns: int = MAX_TURNS,
 ) -> None:
-    """The followup loop until ``stop``: ``plugin.serve`` with a handler that answers each
+    """The followup loop until ``stop``: ``plugin.serve`` (at most ``max_turns`` agents
+    answered at once) with a handler that answers each
     delivered reminder with ``answer_reminder`` (``deps_for(agent_id)`` gives the run's
     dependencies), then awaits ``on_answer(agent_id, delivery, result)`` when given."""
     recorder = SessionRecorder(plugin.store, clock=plugin.clock)
@@ -260,4 +262,4 @@ async def serve_followups(
         if on_answer is not None:
             await on_answer(agent_id, delivery, result)
 
-    await plugin.serve(deliver, stop, poll_s=poll_s)
+    await plugin.serve(deliver, stop, poll_s=poll_s, max_turns=max_turns)

@@ -18,10 +18,12 @@ import redis
 from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin, settle
 from dsh_schedule.host.bridge import Delivery, TurnBusy
 from dsh_schedule.integrations.session import SessionRecorder
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.worker.due import DueOwner, WakeOutcome
 from tests.conftest import REAL_REDIS_URL
 from tests.support import Processes, delivered_counts, dispatch_counts, process_env, value
 
@@ -146,6 +148,100 @@ def test_serve_delivers_each_reminder_once_in_a_turn_of_its_own(
     assert seen[0][1] != seen[1][1]  # two turns
     store = JsonlStore(settings.sessions)
     assert delivered_counts(store, "s1") == {"schedule-1": 1, "schedule-2": 1}
+
+
+async def _dispatched_agents(plugin: AsyncSchedulePlugin, settings: Settings,
+                             names: list[str]) -> None:
+    """Agents installed on ``plugin``, each with one reminder dispatched (its followup
+    announced), by a due owner in this process."""
+    registry = AsyncAgentRegistry()
+    plugin.load(registry)
+    handles = {}
+    for name in names:
+        plugin.store.create(SessionHeader(id=name, createdAt=0))
+        handles[name] = await registry.create(name)
+    for name in names:
+        _definition, handler = handles[name].tools["schedule_create"]
+        result = await handler({"prompt": f"for {name}", "after_seconds": 1})
+        assert not result.is_error, result.content
+    await asyncio.sleep(1.05)
+    owner = DueOwner(plugin.store, plugin.coordination, settings, clock=wall_clock_ms)
+    outcomes = await asyncio.to_thread(owner.wake_many, [(name, None) for name in names])
+    assert set(outcomes.values()) == {WakeOutcome.SETTLED}
+
+
+async def _finish(plugin: AsyncSchedulePlugin, agent: str, delivery: Delivery) -> None:
+    turn = SessionRecorder(plugin.store).reminder_turn(agent, delivery)
+    await turn.start_step()
+    await turn.assistant("noted")
+    await turn.end()
+
+
+@pytest.mark.redis
+def test_serve_serves_agents_at_once_so_a_slow_turn_holds_up_no_other(
+        settings: Settings, real_redis: redis.Redis) -> None:
+    names = [f"s{i}" for i in range(4)]
+
+    async def scenario() -> list[str]:
+        plugin = make_plugin(settings, real_redis)
+        seen: list[str] = []
+        stop = asyncio.Event()
+        every_turn_open = asyncio.Barrier(len(names))
+
+        async def on_delivery(agent: str, delivery: Delivery) -> None:
+            # the model of each turn answers only once every agent's turn is open
+            await asyncio.wait_for(every_turn_open.wait(), 10)
+            await _finish(plugin, agent, delivery)
+            seen.append(agent)
+            if len(seen) == len(names):
+                stop.set()
+
+        try:
+            await _dispatched_agents(plugin, settings, names)
+            await asyncio.wait_for(plugin.serve(on_delivery, stop, poll_s=0.2), 30)
+        finally:
+            await plugin.dispose()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert sorted(seen) == names
+    store = JsonlStore(settings.sessions)
+    for name in names:
+        assert delivered_counts(store, name) == {"schedule-1": 1}
+
+
+@pytest.mark.redis
+def test_serve_holds_at_most_max_turns_turns_at_once(
+        settings: Settings, real_redis: redis.Redis) -> None:
+    names = [f"s{i}" for i in range(5)]
+
+    async def scenario() -> tuple[list[str], int]:
+        plugin = make_plugin(settings, real_redis)
+        seen: list[str] = []
+        stop = asyncio.Event()
+        open_turns = [0, 0]  # now, most
+
+        async def on_delivery(agent: str, delivery: Delivery) -> None:
+            open_turns[0] += 1
+            open_turns[1] = max(open_turns)
+            await asyncio.sleep(0.2)  # a model that takes its time
+            await _finish(plugin, agent, delivery)
+            open_turns[0] -= 1
+            seen.append(agent)
+            if len(seen) == len(names):
+                stop.set()
+
+        try:
+            await _dispatched_agents(plugin, settings, names)
+            await asyncio.wait_for(
+                plugin.serve(on_delivery, stop, poll_s=0.2, max_turns=2), 30)
+        finally:
+            await plugin.dispose()
+        return seen, open_turns[1]
+
+    seen, most = asyncio.run(scenario())
+    assert sorted(seen) == names
+    assert most == 2
 
 
 @pytest.mark.redis
