@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import redis
 from rq.job import Job
@@ -19,7 +19,7 @@ from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
 from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock
 from dsh_schedule.shared.coordination.phase import AgentPhase
-from dsh_schedule.shared.coordination.scripts import queue_script_batch
+from dsh_schedule.shared.coordination.scripts import queue_script_batch, run_script_batch
 from dsh_schedule.shared.coordination.wake import (
     ArmFacts,
     ArmRequest,
@@ -51,6 +51,22 @@ if ARGV[2] == '1' then
 end
 return {redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]),
         oldest and oldest[1] or false, current, current_score, taken}
+"""
+
+
+# KEYS[1] an agent's current-wake pointer, KEYS[2] its followup stream, KEYS[3] the
+# schedule; ARGV[1] the prefix of rq's job keys. Returns {the current wake, the id of the
+# oldest followup entry, 1 when the wake is in the schedule or its job hash exists}, the
+# first two false when absent.
+_PROJECTION = """
+local wake = redis.call('GET', KEYS[1])
+local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+local held = 0
+if wake and (redis.call('ZSCORE', KEYS[3], wake)
+             or redis.call('EXISTS', ARGV[1] .. wake) == 1) then
+  held = 1
+end
+return {wake, first and first[1] or false, held}
 """
 
 
@@ -167,29 +183,19 @@ class Coordination:
         return self.wakes.trigger_many(by_queue)
 
     def projections(self, agents: Sequence[str]) -> list[Projection]:
-        """The ``Projection`` of each agent, in two pipelined round trips however many
-        agents (the caller bounds the batch); it reads only."""
+        """The ``Projection`` of each agent, in one round trip however many agents (one
+        script call per hundred; the caller bounds the batch); it reads only."""
         if not agents:
             return []
-        with self.client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                pipe.get(self.keys.current_wake(agent))
-                pipe.xrange(self.keys.followups(agent), count=1)
-            replies: list[Any] = pipe.execute()
-        wakes = [_text(w) if w is not None else None for w in replies[0::2]]
-        oldest = [stream_id_ms(_text(r[0][0])) if r else None for r in replies[1::2]]
-        armed = [w for w in wakes if w is not None]
-        held: dict[str, bool] = {}
-        if armed:
-            with self.client.pipeline(transaction=False) as pipe:
-                for wake in armed:
-                    pipe.zscore(self.wakes.scheduler.scheduled_jobs_key, wake)
-                    pipe.exists(Job.key_for(wake))
-                facts: list[Any] = pipe.execute()
-            held = {wake: facts[2 * i] is not None or bool(facts[2 * i + 1])
-                    for i, wake in enumerate(armed)}
-        return [Projection(wake, held.get(wake, False) if wake else False, first)
-                for wake, first in zip(wakes, oldest, strict=True)]
+        scheduled, job_prefix = self.wakes.scheduler.scheduled_jobs_key, Job.key_for("")
+        replies = run_script_batch(self.client, _PROJECTION, [
+            ([self.keys.current_wake(agent), self.keys.followups(agent), scheduled],
+             [job_prefix])
+            for agent in agents
+        ])
+        return [Projection(_text(wake) if wake is not None else None, bool(held),
+                           stream_id_ms(_text(first)) if first is not None else None)
+                for wake, first, held in replies]
 
     def server_time_ms(self) -> int:
         """Redis's own clock, in epoch ms: the clock stream ids are made from."""

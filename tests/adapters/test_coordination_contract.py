@@ -11,7 +11,9 @@ import time
 from typing import Any
 
 import msgspec
+import pytest
 import redis
+from redis.client import Pipeline
 from rq import Queue
 from rq.job import Job
 
@@ -181,6 +183,28 @@ def test_projections_tell_a_held_wake_from_a_lost_one_and_date_the_oldest_follow
     Queue(settings.queue, connection=redis_client).enqueue(WAKE_FUNC, "armed", TARGET,
                                                            job_id=armed)
     assert coordination.projections(["armed"])[0].wake_held is True
+
+
+def test_projections_of_many_agents_take_one_command_per_hundred(
+    coordination: Coordination, redis_client: redis.Redis, settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    agents = [f"a{i}" for i in range(150)]
+    for agent in agents[:3]:
+        coordination.leases.grant(agent, settings.queue, now_ms=T0, ttl_s=LEASE_S)
+        coordination.rearm(agent, waiting_for(TARGET), T0)
+    sent: list[str] = []
+    queued = Pipeline.execute_command
+
+    def counting(self: Pipeline, *args: Any, **options: Any) -> Any:
+        sent.append(str(args[0]))
+        return queued(self, *args, **options)
+
+    monkeypatch.setattr(Pipeline, "execute_command", counting)
+    found = coordination.projections(agents)
+
+    assert sent == ["EVAL", "EVAL"]
+    assert [p.wake_held for p in found] == [True] * 3 + [False] * 147
 
 
 def test_trigger_many_wakes_each_agent_on_its_lease_queue_in_batches(
