@@ -19,12 +19,15 @@ from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
 from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock
 from dsh_schedule.shared.coordination.phase import AgentPhase
-from dsh_schedule.shared.coordination.scripts import queue_script_batch, run_script_batch
+from dsh_schedule.shared.coordination.scripts import (
+    batch_replies,
+    queue_script_batch,
+    run_script_batch,
+)
 from dsh_schedule.shared.coordination.wake import (
     ArmFacts,
     ArmRequest,
     WakeProjection,
-    wake_job_id,
 )
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.fold import FoldState
@@ -33,24 +36,13 @@ from dsh_schedule.shared.settings import Settings
 log = logging.getLogger(__name__)
 
 
-# KEYS[1] the live zset, KEYS[2] the lease-queue hash, KEYS[3] the agent's followup stream,
-# KEYS[4] its current-wake pointer, KEYS[5] the schedule, KEYS[6] the job a wake for the
-# new target would take; ARGV[1] the agent, ARGV[2] 1 when there is a new target.
-# Returns {lease score, lease queue, oldest followup id, current wake, its score, whether
-# KEYS[6] exists (0 without a target)}, each false when absent.
-_ARM_FACTS = """
+# KEYS[1] the live zset, KEYS[2] the lease-queue hash, KEYS[3] the agent's followup stream;
+# ARGV[1] the agent. Returns {its lease's score, its lease's queue, the id of its oldest
+# followup entry}, each false when absent.
+_LEASE_AND_OLDEST = """
 local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)[1]
-local current = redis.call('GET', KEYS[4])
-local current_score = false
-if current then
-  current_score = redis.call('ZSCORE', KEYS[5], current)
-end
-local taken = 0
-if ARGV[2] == '1' then
-  taken = redis.call('EXISTS', KEYS[6])
-end
 return {redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]),
-        oldest and oldest[1] or false, current, current_score, taken}
+        oldest and oldest[1] or false}
 """
 
 
@@ -122,36 +114,32 @@ class Coordination:
             return []
         targets = [(agent, next_wake_ms(state, now_ms)) for agent, state in folds]
         # One read for everything arming and announcing need: the server's clock, and per
-        # agent its lease and queue, its current wake, its oldest followup entry (one
-        # script call for the batch).
-        scheduled = self.wakes.scheduler.scheduled_jobs_key
+        # agent its lease and queue, its oldest followup entry (one script call per
+        # hundred agents), its current wake (``queue_arm_facts``).
         live, lease_queue = self.keys.live(), self.keys.lease_queue()
         with self.client.pipeline(transaction=False) as pipe:
             pipe.time()
-            queue_script_batch(pipe, _ARM_FACTS, [
-                ([live, lease_queue, self.keys.followups(agent), self.keys.current_wake(agent),
-                  scheduled, Job.key_for(wake_job_id(agent, target_ms))
-                  if target_ms is not None else self.keys.current_wake(agent)],
-                 [agent, 0 if target_ms is None else 1])
-                for agent, target_ms in targets
+            calls = queue_script_batch(pipe, _LEASE_AND_OLDEST, [
+                ([live, lease_queue, self.keys.followups(agent)], [agent])
+                for agent, _target in targets
             ])
-            (seconds, micros), replies = pipe.execute()
+            fact_calls = self.wakes.queue_arm_facts(pipe, targets)
+            replies = iter(pipe.execute())
+        seconds, micros = next(replies)
         server_ms = int(seconds) * 1000 + int(micros) // 1000
+        leases = batch_replies(replies, calls)
+        all_facts = self.wakes.arm_facts(replies, fact_calls)
         requests: list[ArmRequest] = []
         facts: list[ArmFacts] = []
         stale_by_queue: dict[str, list[str]] = {}
-        for (agent, target_ms), reply in zip(targets, replies, strict=True):
-            score, queue, oldest, current, current_score, taken = reply
+        for (agent, target_ms), (score, queue, oldest), fact in zip(
+                targets, leases, all_facts, strict=True):
             found = self.leases.live_queue_reply(None if score is None else float(score),
                                                  queue, now_ms=now_ms)
             if found is None:
                 continue  # not live: nothing is armed
             requests.append(ArmRequest(agent, target_ms, found))
-            facts.append(ArmFacts(
-                previous=_text(current) if current is not None else None,
-                previous_score=float(current_score) if current_score is not None else None,
-                taken=bool(taken),
-            ))
+            facts.append(fact)
             if oldest and server_ms - stream_id_ms(_text(oldest)) >= self.followup_stale_ms:
                 stale_by_queue.setdefault(found, []).append(agent)
         armed = dict(zip(

@@ -14,7 +14,7 @@ Python on every command it packs and parses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import redis
@@ -74,13 +74,41 @@ def batch_source(body: str) -> str:
 def queue_script_batch(
     pipe: Pipeline, body: str,
     items: Sequence[tuple[Sequence[KeyT], Sequence[EncodableT]]],
-) -> None:
-    """Queue one call that runs the one-item script ``body`` for each ``(keys, args)`` of
-    ``items`` (each item the same number of keys and of arguments), atomically; its reply,
-    in order on ``pipe``, is the list of the items' replies. A batch costs one command,
-    whatever its size."""
+) -> int:
+    """Queue the calls that run the one-item script ``body`` for each ``(keys, args)`` of
+    ``items`` (each item the same number of keys and of arguments), each call atomic and
+    at most ``SCRIPT_BATCH_MAX`` items long, so no single call holds Redis for long.
+    Returns how many calls were queued: their replies, in order on ``pipe``, are lists of
+    the items' replies (``batch_replies`` joins them)."""
+    calls = 0
+    for start in range(0, len(items), SCRIPT_BATCH_MAX):
+        _queue_call(pipe, body, items[start:start + SCRIPT_BATCH_MAX])
+        calls += 1
+    return calls
+
+
+def batch_replies(replies: Iterator[Any], calls: int) -> list[Any]:
+    """The items' replies of the next ``calls`` replies of a pipeline (the calls one
+    ``queue_script_batch`` queued), joined in order."""
+    return [reply for _ in range(calls) for reply in next(replies)]
+
+
+def run_script_batch(
+    client: redis.Redis, body: str,
+    items: Sequence[tuple[Sequence[KeyT], Sequence[EncodableT]]],
+) -> list[Any]:
+    """``queue_script_batch`` on a pipeline of its own: one round trip; the items' replies
+    (an empty batch sends nothing)."""
     if not items:
-        raise ValueError("an empty batch")
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        calls = queue_script_batch(pipe, body, items)
+        return batch_replies(iter(pipe.execute()), calls)
+
+
+def _queue_call(
+    pipe: Pipeline, body: str, items: Sequence[tuple[Sequence[KeyT], Sequence[EncodableT]]],
+) -> None:
     nk, na = len(items[0][0]), len(items[0][1])
     keys: list[KeyT] = []
     args: list[EncodableT] = [nk, na, len(items)]
@@ -90,19 +118,3 @@ def queue_script_batch(
         keys.extend(item_keys)
         args.extend(item_args)
     pipe.eval(batch_source(body), len(keys), *keys, *args)
-
-
-def run_script_batch(
-    client: redis.Redis, body: str,
-    items: Sequence[tuple[Sequence[KeyT], Sequence[EncodableT]]],
-) -> list[Any]:
-    """``queue_script_batch`` on a pipeline of its own: one round trip; the items' replies
-    (an empty batch sends nothing). A batch of more than ``SCRIPT_BATCH_MAX`` items goes
-    as several calls in that round trip, so no single call holds Redis for long."""
-    if not items:
-        return []
-    with client.pipeline(transaction=False) as pipe:
-        for start in range(0, len(items), SCRIPT_BATCH_MAX):
-            queue_script_batch(pipe, body, items[start:start + SCRIPT_BATCH_MAX])
-        replies: list[list[Any]] = pipe.execute()
-    return [reply for chunk in replies for reply in chunk]

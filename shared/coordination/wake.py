@@ -25,7 +25,11 @@ from rq.job import Job, JobStatus
 
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import queue_script
+from dsh_schedule.shared.coordination.scripts import (
+    batch_replies,
+    queue_script,
+    queue_script_batch,
+)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -46,14 +50,21 @@ MOVE_TAKE: Final = 500
 WAKE_TIMEOUT_S: Final = 120
 
 
-# KEYS[1] the agent's current-wake pointer, KEYS[2] rq-scheduler's schedule. Returns the
-# current wake id and its score ({nil, nil}: no current wake; {id, nil}: not scheduled).
-_CURRENT = """
+# KEYS[1] the agent's current-wake pointer, KEYS[2] rq-scheduler's schedule, KEYS[3] the
+# job key a wake for the new target would take; ARGV[1] 1 when there is a new target.
+# Returns {the current wake id, its score, whether KEYS[3] exists (0 without a target)};
+# the first two false when absent (a current wake that is not scheduled has no score).
+_ARM_FACTS = """
 local current = redis.call('GET', KEYS[1])
-if not current then
-  return {false, false}
+local score = false
+if current then
+  score = redis.call('ZSCORE', KEYS[2], current)
 end
-return {current, redis.call('ZSCORE', KEYS[2], current)}
+local taken = 0
+if ARGV[1] == '1' then
+  taken = redis.call('EXISTS', KEYS[3])
+end
+return {current, score, taken}
 """
 
 
@@ -289,7 +300,6 @@ class WakeProjection:
         # scheduler that dies holding it stalls the others' movers no longer than that.
         self.scheduler = PrefixedScheduler(keys, connection=client, interval=1)
         self._unschedule_script = client.register_script(_UNSCHEDULE)
-        self._current_script = client.register_script(_CURRENT)
 
     def current(self, agent: str) -> str | None:
         value = self._client.get(self._keys.current_wake(agent))
@@ -310,14 +320,12 @@ class WakeProjection:
         lock. Returns each agent's current wake id (None: no wake). An agent already armed
         for exactly that target keeps its wake; any other target, even in the same
         second, supersedes it. ``facts``: each request's ``ArmFacts``, when the caller has
-        just read them in a pipeline of its own (``arm_facts_commands``). ``then`` queues
+        just read them in a pipeline of its own (``queue_arm_facts``). ``then`` queues
         more commands at the end of the write (a lock's release)."""
         if facts is None:
             with self._client.pipeline(transaction=False) as pipe:
-                for r in requests:
-                    self.arm_facts_commands(r.agent, r.target_ms, pipe)
-                replies = iter(pipe.execute())
-            facts = [self.arm_facts_reply(replies, r.target_ms) for r in requests]
+                calls = self.queue_arm_facts(pipe, [(r.agent, r.target_ms) for r in requests])
+                facts = self.arm_facts(iter(pipe.execute()), calls)
         results: list[str | None] = []
         nudge = False
         with self._client.pipeline() as pipe:
@@ -352,24 +360,26 @@ class WakeProjection:
             pipe.execute()
         return results
 
-    def arm_facts_commands(self, agent: str, target_ms: int | None, pipe: Pipeline) -> None:
-        """Queue on ``pipe`` the reads ``arm_facts_reply`` decodes: the agent's current
-        wake and its score (one script), and whether a job already holds the id a wake
-        for ``target_ms`` would take."""
-        queue_script(pipe, self._current_script,
-                     [self._keys.current_wake(agent), self.scheduler.scheduled_jobs_key], [])
-        if target_ms is not None:
-            pipe.exists(Job.key_for(wake_job_id(agent, target_ms)))
+    def queue_arm_facts(self, pipe: Pipeline, targets: Sequence[tuple[str, int | None]]) -> int:
+        """Queue on ``pipe`` the read ``arm_facts`` decodes for each ``(agent, target)``
+        (one script call per hundred agents; returns how many): the agent's current wake
+        and its score, and whether a job already holds the id a wake for the target would
+        take."""
+        items: list[tuple[list[str], list[int]]] = []
+        for agent, target_ms in targets:
+            current = self._keys.current_wake(agent)
+            job = current if target_ms is None else Job.key_for(wake_job_id(agent, target_ms))
+            items.append(([current, self.scheduler.scheduled_jobs_key, job],
+                          [0 if target_ms is None else 1]))
+        return queue_script_batch(pipe, _ARM_FACTS, items)
 
-    def arm_facts_reply(self, replies: Iterator[Any], target_ms: int | None) -> ArmFacts:
-        """The ``ArmFacts`` from the next replies of ``arm_facts_commands``."""
-        previous, score = next(replies)
-        taken = bool(next(replies)) if target_ms is not None else False
-        return ArmFacts(
-            previous=previous.decode() if isinstance(previous, bytes) else None,
-            previous_score=float(score) if score is not None else None,
-            taken=taken,
-        )
+    @staticmethod
+    def arm_facts(replies: Iterator[Any], calls: int) -> list[ArmFacts]:
+        """The ``ArmFacts`` from the next ``calls`` replies (``queue_arm_facts``)."""
+        return [ArmFacts(previous=previous.decode() if isinstance(previous, bytes) else None,
+                         previous_score=float(score) if score is not None else None,
+                         taken=bool(taken))
+                for previous, score, taken in batch_replies(replies, calls)]
 
     def _schedule(
         self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
