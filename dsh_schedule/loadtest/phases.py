@@ -87,10 +87,6 @@ class RecordingFollowups(Followups):
         self.written_ms: dict[tuple[str, Pair], int] = {}
         self._lock = threading.Lock()
 
-    def read(self, agent: str, consumer: str, *, count: int = READ_COUNT,
-             block_ms: int | None = None) -> list[FollowupEntry]:
-        return self._note(agent, super().read(agent, consumer, count=count, block_ms=block_ms))
-
     def read_each(self, agents: Sequence[str], consumer: str, *,
                   count: int = READ_COUNT) -> dict[str, StreamRead]:
         found = super().read_each(agents, consumer, count=count)

@@ -259,42 +259,15 @@ class Followups:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def read(
-        self, agent: str, consumer: str, *, count: int = READ_COUNT, block_ms: int | None = None
-    ) -> list[FollowupEntry]:
-        """Entries for this consumer: its own unacknowledged ones first, then new ones.
+    def read(self, agent: str, consumer: str, *, count: int = READ_COUNT) -> list[FollowupEntry]:
+        """Entries for this consumer: its own unacknowledged ones first, else new ones.
 
         The consumer group is created here when Redis has none (a first entry, or a
         flushed Redis); created from the stream's start, it skips no entry. An agent
         with no stream has nothing to read, and is left without one: an idle live agent
         holds no empty stream.
         """
-        try:
-            return self._read(agent, consumer, count=count, block_ms=block_ms)
-        except redis.ResponseError as exc:
-            # Redis says NOGROUP; the embedded server says the key must exist.
-            if "NOGROUP" not in str(exc) and "key to exist" not in str(exc):
-                raise
-        if not self._client.exists(self._keys.followups(agent)):
-            return []
-        self.ensure_group(agent)
-        return self._read(agent, consumer, count=count, block_ms=block_ms)
-
-    def _read(
-        self, agent: str, consumer: str, *, count: int, block_ms: int | None
-    ) -> list[FollowupEntry]:
-        key = self._keys.followups(agent)
-        found: list[FollowupEntry] = []
-        for start in ("0", ">"):
-            response: Any = self._client.xreadgroup(
-                STREAM_GROUP, consumer, {key: start}, count=count,
-                block=block_ms if start == ">" else None,
-            )
-            for _stream, items in response or []:
-                found.extend(_entry(i, f) for i, f in items if f)
-            if found:
-                break
-        return found
+        return self.read_each([agent], consumer, count=count)[agent].entries
 
     def read_many(
         self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
@@ -308,28 +281,42 @@ class Followups:
         self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
     ) -> dict[str, StreamRead]:
         """``read_many``, saying for each agent whether the read took every entry its
-        stream held for this consumer then (``drained``). An agent whose stream has no
-        consumer group yet is read alone, as ``read`` does (which creates the group)."""
-        found: dict[str, StreamRead] = {}
-        alone: list[str] = []
+        stream held for this consumer then (``drained``; never said of a stream that had
+        no consumer group yet). A stream without a consumer group yet gets one, as
+        ``read`` says, and is read again."""
         pending = list(dict.fromkeys(agents))
+        found, ungrouped = self._read_script(pending, consumer, count)
+        streams = [agent for agent in ungrouped
+                   if self._client.exists(self._keys.followups(agent))]
+        for agent in streams:
+            self.ensure_group(agent)
+        for agent, read in self._read_script(streams, consumer, count)[0].items():
+            found[agent] = StreamRead(read.entries, drained=False)
+        return {agent: found.get(agent, StreamRead([], drained=False)) for agent in pending}
+
+    def _read_script(
+        self, agents: Sequence[str], consumer: str, count: int
+    ) -> tuple[dict[str, StreamRead], list[str]]:
+        """One script call per hundred agents: what each agent's read found, and the
+        agents whose stream or its consumer group is missing."""
+        found: dict[str, StreamRead] = {}
+        ungrouped: list[str] = []
         replies = run_script_batch(self._client, _READ, [
             ([self._keys.followups(agent)], [STREAM_GROUP, consumer, count])
-            for agent in pending
+            for agent in agents
         ])
-        for agent, (ok, value, drained) in zip(pending, replies, strict=True):
+        for agent, (ok, value, drained) in zip(agents, replies, strict=True):
             if not ok:
                 error = _text(value)
+                # Redis says NOGROUP; the embedded server says the key must exist.
                 if "NOGROUP" not in error and "key to exist" not in error:
                     raise redis.ResponseError(error)
-                alone.append(agent)
+                ungrouped.append(agent)
                 continue
             found[agent] = StreamRead(
                 [_entry(entry_id, _fields(flat)) for entry_id, flat in value if flat],
                 drained=bool(drained))
-        for agent in alone:
-            found[agent] = StreamRead(self.read(agent, consumer, count=count), drained=False)
-        return {agent: found[agent] for agent in pending}
+        return found, ungrouped
 
     def done_many(self, entries: Sequence[tuple[str, str]]) -> None:
         """``done`` for many ``(agent, entry id)``, in one round trip."""
