@@ -252,8 +252,8 @@ class DueOwner:
             except (PersistenceError, ScheduleLogError):
                 unread.append(agent)
                 continue
-            checked[agent] = state if isinstance(due_decision(state, self._clock()), Wait) \
-                else None
+            due = not isinstance(due_decision(state, self._clock()), Wait)
+            checked[agent] = None if due else state
         checked.update(self._check_many(unread))
         return checked
 
