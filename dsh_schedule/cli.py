@@ -378,7 +378,8 @@ def cmd_host(args: argparse.Namespace) -> int:
     url = _require_redis(settings, "host")
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
-    store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb)
+    store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb,
+                       syncfs=settings.syncfs)
     _require_sessions(store, args.sessions_to_host)
     _serve_metrics(settings, "host")
     _await_redis(url, args.redis_wait, verbose=args.verbose)

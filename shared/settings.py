@@ -32,6 +32,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     early_sleep_s: float = 2.0
     # What one JSONL store keeps of the sessions it served, in MiB of accounted bytes.
     cache_mb: int = 256
+    # Confirm a batch of session files with one file system sync where it can be trusted.
+    syncfs: bool = True
     sweep_period_s: float = 600.0
     followup_stale_s: float = 30.0
     # Prometheus metrics of the worker, scheduler and host processes: off unless a port is
@@ -64,6 +66,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "DSH_SCHEDULE_MOVER_INTERVAL": "mover_interval_s",
             "DSH_SCHEDULE_RECONCILE_INTERVAL": "reconcile_interval_s",
             "DSH_SCHEDULE_CACHE_MB": "cache_mb",
+            "DSH_SCHEDULE_SYNCFS": "syncfs",
             "DSH_SCHEDULE_SWEEP_PERIOD": "sweep_period_s",
             "DSH_SCHEDULE_FOLLOWUP_STALE": "followup_stale_s",
             "DSH_SCHEDULE_METRICS_PORT": "metrics_port",
@@ -82,6 +85,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(str(exc)) from None
 
 
+_SWITCH: Final = {"on": True, "true": True, "1": True, "yes": True,
+                  "off": False, "false": False, "0": False, "no": False}
+
+
 class SettingsError(ValueError):
     """A setting from a flag or the environment has the wrong form."""
 
@@ -92,6 +99,13 @@ def _typed(field: str, value: object) -> object:
         if not (text.isdigit() and 1 <= int(text) <= 65535):
             raise ValueError(f"metrics_port must be a TCP port from 1 to 65535, got {value!r}")
         return int(text)
+    if field == "syncfs":
+        if isinstance(value, bool):
+            return value
+        word = str(value).strip().lower()
+        if word not in _SWITCH:
+            raise ValueError(f"syncfs must be on or off, got {value!r}")
+        return _SWITCH[word]
     if field == "cache_mb":
         text = str(value).strip()
         if not text.isdigit():

@@ -98,7 +98,8 @@ class Console:
         self.settings = settings
         self.clock = clock
         self.step_s = step_s
-        self.store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb)
+        self.store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb,
+                                syncfs=settings.syncfs)
         self.embedded = not settings.redis_url
         self.system: EmbeddedSystem | None = None
         if settings.redis_url:

@@ -1,17 +1,19 @@
 """Flushing many sessions at once (docs/architecture.md#batched-due-transactions).
 
-A batched due transaction or delivery makes many session files durable. ``fsync`` waits
-on the disk without holding the interpreter, so the flushes of a batch run on a small
-pool of threads: their waits overlap, and the file system can commit them together. Each
-session still gets its own flush and its own answer.
+A batched due transaction or delivery makes many session files durable. A store that
+can confirm many files at once (``FlushesMany``: the JSONL store, with one ``syncfs``)
+does so. Otherwise each session is flushed on its own: ``fsync`` waits on the disk
+without holding the interpreter, so the flushes of a batch run on a small pool of
+threads, their waits overlap, and the file system can commit them together. Either way
+each session gets its own answer.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.store.port import SessionStore
@@ -31,10 +33,26 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+@runtime_checkable
+class FlushesMany(Protocol):
+    """A store that confirms many sessions at once."""
+
+    def flush_many(self, session_ids: Sequence[str]) -> dict[str, PersistenceError]:
+        """``flush`` for every session (distinct ids); the failures, by session."""
+        ...
+
+
 def flush_each(store: SessionStore, session_ids: Iterable[str]) -> dict[str, PersistenceError]:
-    """``store.flush`` for every session, several at once; the failures, by session (an
-    empty dict: every session is durable). Any other exception propagates."""
+    """``store.flush`` for every session, together; the failures, by session (an empty
+    dict: every session is durable). Any other exception propagates."""
     ids = list(dict.fromkeys(session_ids))
+    if len(ids) > 1 and isinstance(store, FlushesMany):
+        return store.flush_many(ids)
+    return flush_one_by_one(store, ids)
+
+
+def flush_one_by_one(store: SessionStore, ids: Sequence[str]) -> dict[str, PersistenceError]:
+    """``store.flush`` for each of ``ids`` (distinct), several at once on the pool."""
 
     def flush(session_id: str) -> PersistenceError | None:
         try:

@@ -37,10 +37,12 @@ from dsh_schedule.shared.store.codec import (
     fork_header,
     number_events,
 )
+from dsh_schedule.shared.store.flushing import flush_one_by_one
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
 from dsh_schedule.shared.store.lazylog import read_range
 from dsh_schedule.shared.store.port import SessionExists, missing_session
 from dsh_schedule.shared.store.sessioncache import CachedSession, CacheStats, SessionCache
+from dsh_schedule.shared.store.syncfs import FileSystemSync
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,13 @@ def _open(path: Path, flags: int, session_id: str) -> int:
         raise missing_session(session_id) from None
     except OSError as exc:
         raise PersistenceError(f"cannot open session {session_id!r}") from exc
+
+
+def _flush_failed(session_id: str, cause: OSError) -> PersistenceError:
+    """A failed flush: the bytes stay, and may or may not be durable."""
+    error = PersistenceError(f"flush of session {session_id!r} failed")
+    error.__cause__ = cause
+    return error
 
 
 def _discard(staging: Path) -> None:
@@ -112,14 +121,20 @@ class JsonlStore:
 
     ``cache_mb`` bounds what the store keeps of the sessions it served (accounted bytes,
     least recently used dropped first); a dropped session is parsed from its file again
-    when next used.
+    when next used. ``syncfs``: confirm a batch of sessions (``flush_many``) with one
+    file system sync where that can be trusted (``syncfs``); False flushes each file.
     """
 
-    def __init__(self, root: Path | str, *, cache_mb: float = DEFAULT_CACHE_MB) -> None:
+    def __init__(
+        self, root: Path | str, *, cache_mb: float = DEFAULT_CACHE_MB, syncfs: bool = True
+    ) -> None:
         if not cache_mb >= 0:
             raise ValueError(f"cache_mb must be a number of MiB >= 0, got {cache_mb!r}")
         self._root = Path(root)
         self._cache = SessionCache(int(cache_mb * 1024 * 1024))
+        self._fs_sync = FileSystemSync(self._root) if syncfs else None
+        if self._fs_sync is not None and self._root.is_dir():
+            self._fs_sync.open()  # before this store writes anything
         # Escaping an id and formatting its path cost more than the file calls on a busy
         # worker; the paths of recent sessions are kept (a path, once formatted, keeps
         # its string).
@@ -207,6 +222,8 @@ class JsonlStore:
         candidates = number_events(events, expected_seq)
         lines = [encode_event(e) for e in candidates]
         payload = b"".join(lines)
+        if self._fs_sync is not None:
+            self._fs_sync.open()  # before this store's first write; answers at once after
         with self._synced(session_id, os.O_RDWR, fcntl.LOCK_EX) as (entry, fd, size):
             entry.require_header(session_id)
             if entry.length != expected_seq:
@@ -229,9 +246,56 @@ class JsonlStore:
             self._cache.mark_flushed(session_id, stamp)
         except OSError as exc:
             # The bytes stay: they may or may not be durable; a later flush confirms them.
-            raise PersistenceError(f"flush of session {session_id!r} failed") from exc
+            raise _flush_failed(session_id, exc) from exc
         finally:
             os.close(fd)
+
+    def flush_many(self, session_ids: Sequence[str]) -> dict[str, PersistenceError]:
+        """``flush`` for many sessions; the failures, by session. The files changed since
+        this store last flushed them are confirmed by one ``syncfs`` where it can be
+        trusted (``syncfs``), else each by its own ``fsync``, several at once."""
+        ids = list(dict.fromkeys(session_ids))
+        if len(ids) <= 1 or self._fs_sync is None or not self._fs_sync.open():
+            return flush_one_by_one(self, ids)
+        failed: dict[str, PersistenceError] = {}
+        changed: list[tuple[str, int, tuple[int, ...]]] = []
+        try:
+            for session_id in ids:
+                try:
+                    fd = _open(self.path(session_id), os.O_RDONLY, session_id)
+                except PersistenceError as exc:
+                    failed[session_id] = exc
+                    continue
+                try:
+                    stamp = _stamp(os.fstat(fd))
+                except OSError as exc:
+                    os.close(fd)
+                    failed[session_id] = _flush_failed(session_id, exc)
+                    continue
+                if self._cache.flushed(session_id) == stamp:
+                    os.close(fd)
+                    continue
+                changed.append((session_id, fd, stamp))
+            if changed and self._syncfs():
+                for session_id, _fd, stamp in changed:
+                    self._cache.mark_flushed(session_id, stamp)
+                return failed
+            for session_id, fd, stamp in changed:  # one by one: each answers for itself
+                try:
+                    self._fsync(fd)
+                    self._cache.mark_flushed(session_id, stamp)
+                except OSError as exc:
+                    failed[session_id] = _flush_failed(session_id, exc)
+            return failed
+        finally:
+            for _session, fd, _stamp_at in changed:
+                os.close(fd)
+
+    def close(self) -> None:
+        """Release the descriptor ``syncfs`` keeps (the store stays usable, flushing each
+        file from then on)."""
+        if self._fs_sync is not None:
+            self._fs_sync.close()
 
     # -- overridable I/O primitives (tests inject faults here) ---------------------------
 
@@ -243,6 +307,10 @@ class JsonlStore:
 
     def _fsync(self, fd: int) -> None:
         os.fsync(fd)
+
+    def _syncfs(self) -> bool:
+        """One file system sync: True when every file written so far is durable."""
+        return self._fs_sync is not None and self._fs_sync.sync()
 
     # -- internals ------------------------------------------------------------------------
 

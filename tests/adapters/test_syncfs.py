@@ -1,0 +1,178 @@
+"""Confirming a batch of session files with one file system sync
+(dsh_schedule.shared.store.syncfs, ``JsonlStore.flush_many``)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_schedule.shared.core.errors import PersistenceError
+from dsh_schedule.shared.core.events import NewEvent
+from dsh_schedule.shared.settings import Settings, SettingsError
+from dsh_schedule.shared.store import syncfs
+from dsh_schedule.shared.store.flushing import flush_each
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from tests.support import new_session
+
+T0 = 1_764_579_600_000
+
+
+class CountingStore(JsonlStore):
+    """The JSONL store counting its syncs; ``fsync_fails`` names sessions whose fsync
+    fails (by descriptor, noted when a flush opens them)."""
+
+    def __init__(self, root: Path, **kwargs: Any) -> None:
+        super().__init__(root, **kwargs)
+        self.fsyncs = 0
+        self.syncfs_calls = 0
+        self.fsync_fails: set[int] = set()
+
+    def _fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        if os.fstat(fd).st_ino in self.fsync_fails:
+            raise OSError(errno.EIO, "injected: fsync failed")
+        super()._fsync(fd)
+
+    def _syncfs(self) -> bool:
+        self.syncfs_calls += 1
+        return super()._syncfs()
+
+
+def _append(store: JsonlStore, session_id: str) -> None:
+    length = len(store.read(session_id).events)
+    store.append(session_id, [NewEvent(type="user/message", time=T0,
+                                       data={"content": []})], expected_seq=length)
+
+
+def _sessions(store: CountingStore, n: int) -> list[str]:
+    ids = [new_session(store, f"s{i}") for i in range(n)]
+    for session_id in ids:
+        _append(store, session_id)
+    store.fsyncs = store.syncfs_calls = 0  # the creates' own
+    return ids
+
+
+class FailingLibc:
+    """The C library with ``syncfs`` failing (``statfs`` is the real one)."""
+
+    def __init__(self) -> None:
+        real = ctypes.CDLL(None, use_errno=True)
+        self.statfs = real.statfs
+        self.calls = 0
+
+    def syncfs(self, fd: int) -> int:
+        self.calls += 1
+        return -1
+
+
+def test_here_syncfs_is_trusted() -> None:
+    """The suite's temporary directories are on a file system syncfs serves; otherwise the
+    tests below would test the fallback only."""
+    assert syncfs.why_not(Path(tempfile.gettempdir())) is None
+
+
+def test_a_batch_of_changed_files_is_confirmed_by_one_syncfs(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path)
+    ids = _sessions(store, 5)
+
+    assert flush_each(store, ids) == {}
+    assert (store.syncfs_calls, store.fsyncs) == (1, 0)
+
+    # Nothing changed since: neither a batch nor a single flush syncs again.
+    assert flush_each(store, ids) == {}
+    store.flush(ids[0])
+    assert (store.syncfs_calls, store.fsyncs) == (1, 0)
+
+    _append(store, ids[2])  # one changed file: the batch syncs for it alone
+    assert flush_each(store, ids) == {}
+    assert (store.syncfs_calls, store.fsyncs) == (2, 0)
+
+
+def test_a_missing_session_fails_alone_and_the_others_are_confirmed(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path)
+    ids = _sessions(store, 3)
+
+    failed = flush_each(store, [*ids, "gone"])
+
+    assert list(failed) == ["gone"] and isinstance(failed["gone"], PersistenceError)
+    assert store.syncfs_calls == 1
+    assert flush_each(store, ids) == {} and store.syncfs_calls == 1  # confirmed
+
+
+def test_a_failed_syncfs_falls_back_to_fsync_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    libc = FailingLibc()
+    monkeypatch.setattr(syncfs, "_libc", lambda: libc)
+    store = CountingStore(tmp_path)
+    ids = _sessions(store, 4)
+    store.fsync_fails = {os.stat(store.path(ids[1])).st_ino}
+
+    failed = flush_each(store, ids)
+
+    # Each file answered for itself: the one whose fsync failed is told, the rest confirmed.
+    assert list(failed) == [ids[1]]
+    assert libc.calls == 1 and store.fsyncs == 4
+    # From now on every batch flushes file by file, with no syncfs.
+    store.fsync_fails = set()
+    for session_id in ids:
+        _append(store, session_id)
+    assert flush_each(store, ids) == {}
+    assert libc.calls == 1 and store.fsyncs == 8
+
+
+def test_syncfs_off_flushes_each_file(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path, syncfs=False)
+    ids = _sessions(store, 3)
+    assert flush_each(store, ids) == {}
+    assert (store.syncfs_calls, store.fsyncs) == (0, 3)
+
+
+def test_a_closed_store_flushes_each_file(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path)
+    ids = _sessions(store, 3)
+    store.close()
+    assert flush_each(store, ids) == {}
+    assert store.fsyncs == 3
+
+
+def test_an_untrusted_file_system_is_flushed_file_by_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(syncfs, "file_system_type", lambda path, libc=None: 0x6969)  # NFS
+    assert syncfs.why_not(tmp_path) == "file system type 0x6969"
+    store = CountingStore(tmp_path)
+    ids = _sessions(store, 3)
+    assert flush_each(store, ids) == {}
+    assert (store.syncfs_calls, store.fsyncs) == (0, 3)
+
+
+@pytest.mark.parametrize(("release", "version"), [
+    ("6.18.44-fc-v857", (6, 18)), ("5.8.0", (5, 8)), ("4.19.0-26-amd64", (4, 19)),
+    ("5.10", (5, 10)), ("6", (6, 0)), ("garbage", (0, 0)), ("5.4rc2", (5, 4)),
+])
+def test_kernel_versions_are_read_from_the_release(release: str,
+                                                   version: tuple[int, int]) -> None:
+    assert syncfs.kernel_version(release) == version
+
+
+def test_an_old_kernel_is_not_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.uname()
+    fake = os.uname_result((real.sysname, real.nodename, "5.4.0-150-generic", real.version,
+                            real.machine))
+    monkeypatch.setattr(syncfs.os, "uname", lambda: fake)
+    assert syncfs.why_not(tmp_path) == "Linux 5.4.0-150-generic is older than 5.8"
+
+
+def test_syncfs_is_a_setting() -> None:
+    assert Settings.from_env({}).syncfs is True
+    assert Settings.from_env({"DSH_SCHEDULE_SYNCFS": "off"}).syncfs is False
+    assert Settings.from_env({"DSH_SCHEDULE_SYNCFS": "On"}).syncfs is True
+    with pytest.raises(SettingsError, match="syncfs must be on or off"):
+        Settings.from_env({"DSH_SCHEDULE_SYNCFS": "sometimes"})
