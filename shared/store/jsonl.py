@@ -21,10 +21,10 @@ import logging
 import os
 import stat
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
@@ -41,10 +41,16 @@ from dsh_schedule.shared.store.flushing import flush_one_by_one
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
 from dsh_schedule.shared.store.lazylog import read_range
 from dsh_schedule.shared.store.port import SessionExists, missing_session
-from dsh_schedule.shared.store.sessioncache import CachedSession, CacheStats, SessionCache
+from dsh_schedule.shared.store.sessioncache import (
+    CachedSession,
+    CacheStats,
+    SessionCache,
+    file_stamp,
+)
 from dsh_schedule.shared.store.syncfs import FileSystemSync
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SUFFIX: Final[str] = ".jsonl"
 # A file replaced between open() and flock() is opened again, this many times at most.
@@ -89,11 +95,6 @@ def _copy(fd: int, start: int, stop: int, session_id: str) -> Iterator[bytes]:
             raise PersistenceError(f"session {session_id!r} shrank while it was copied")
         yield block
         start += len(block)
-
-
-def _stamp(st: os.stat_result) -> tuple[int, ...]:
-    """What changes whenever a file's bytes do: identity, size and change times."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def read_session_file(path: Path) -> Session:
@@ -209,12 +210,31 @@ class JsonlStore:
         return sorted(ids)
 
     def read(self, session_id: str) -> Session:
-        with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, _, _):
-            return entry.session(session_id, self.path(session_id))
+        path = self.path(session_id)
+        return self._cached(session_id, lambda entry: entry.session(session_id, path))
 
     def load(self, session_id: str) -> tuple[Session, FoldState]:
+        path = self.path(session_id)
+        return self._cached(session_id,
+                            lambda entry: (entry.session(session_id, path), entry.fold()))
+
+    def _cached(self, session_id: str, take: Callable[[CachedSession], _T]) -> _T:
+        """``take`` of the session's entry, caught up with its file. The file is not even
+        opened when it is still at the stamp it had when the entry last matched all of it
+        (one ``stat``). That is safe without the flock: an append changes the size and a
+        replacement the identity, so an equal stamp means no writer has changed the file
+        since (one in progress has not yet, and is ordered after this read)."""
+        entry = self._cache.entry(session_id)
+        if entry.synced is not None:
+            try:
+                stamp: tuple[int, ...] | None = file_stamp(os.stat(self.path(session_id)))
+            except OSError:
+                stamp = None  # the full path below tells what is wrong
+            with entry.lock:
+                if stamp is not None and entry.synced == stamp:
+                    return take(entry)
         with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, _, _):
-            return entry.session(session_id, self.path(session_id)), entry.fold()
+            return take(entry)
 
     def append(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
@@ -233,15 +253,19 @@ class JsonlStore:
             entry.digest.check(candidates)
             self._cut_torn_line(fd, size, entry.offset, session_id)
             self._write_or_roll_back(fd, payload, entry.offset, session_id)
-            entry.appended(candidates, lines)
+            try:
+                stamp: tuple[int, ...] | None = file_stamp(os.fstat(fd))
+            except OSError:
+                stamp = None  # the next read opens the file
+            entry.appended(candidates, lines, stamp)
         return candidates
 
     def flush(self, session_id: str) -> None:
+        if self._cache.flushed(session_id) == self._stamp(session_id):
+            return  # nothing changed since this store's last successful fsync
         fd = _open(self.path(session_id), os.O_RDONLY, session_id)
         try:
-            stamp = _stamp(os.fstat(fd))
-            if self._cache.flushed(session_id) == stamp:
-                return  # nothing changed since this store's last successful fsync
+            stamp = file_stamp(os.fstat(fd))
             self._fsync(fd)
             self._cache.mark_flushed(session_id, stamp)
         except OSError as exc:
@@ -258,38 +282,32 @@ class JsonlStore:
         if len(ids) <= 1 or self._fs_sync is None or not self._fs_sync.open():
             return flush_one_by_one(self, ids)
         failed: dict[str, PersistenceError] = {}
-        changed: list[tuple[str, int, tuple[int, ...]]] = []
-        try:
-            for session_id in ids:
-                try:
-                    fd = _open(self.path(session_id), os.O_RDONLY, session_id)
-                except PersistenceError as exc:
-                    failed[session_id] = exc
-                    continue
-                try:
-                    stamp = _stamp(os.fstat(fd))
-                except OSError as exc:
-                    os.close(fd)
-                    failed[session_id] = _flush_failed(session_id, exc)
-                    continue
-                if self._cache.flushed(session_id) == stamp:
-                    os.close(fd)
-                    continue
-                changed.append((session_id, fd, stamp))
-            if changed and self._syncfs():
-                for session_id, _fd, stamp in changed:
-                    self._cache.mark_flushed(session_id, stamp)
-                return failed
-            for session_id, fd, stamp in changed:  # one by one: each answers for itself
-                try:
-                    self._fsync(fd)
-                    self._cache.mark_flushed(session_id, stamp)
-                except OSError as exc:
-                    failed[session_id] = _flush_failed(session_id, exc)
+        changed: list[tuple[str, tuple[int, ...]]] = []
+        for session_id in ids:
+            try:
+                stamp = self._stamp(session_id)
+            except PersistenceError as exc:
+                failed[session_id] = exc
+                continue
+            if self._cache.flushed(session_id) != stamp:
+                changed.append((session_id, stamp))
+        if not changed:
             return failed
-        finally:
-            for _session, fd, _stamp_at in changed:
-                os.close(fd)
+        if self._syncfs():  # every byte written before the stamps were read is durable
+            for session_id, stamp in changed:
+                self._cache.mark_flushed(session_id, stamp)
+            return failed
+        failed.update(flush_one_by_one(self, [session_id for session_id, _ in changed]))
+        return failed
+
+    def _stamp(self, session_id: str) -> tuple[int, ...]:
+        """The session file's stamp, from its path."""
+        try:
+            return file_stamp(os.stat(self.path(session_id)))
+        except FileNotFoundError:
+            raise missing_session(session_id) from None
+        except OSError as exc:
+            raise PersistenceError(f"cannot look up session {session_id!r}") from exc
 
     def close(self) -> None:
         """Release the descriptor ``syncfs`` keeps (the store stays usable, flushing each

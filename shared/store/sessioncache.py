@@ -52,12 +52,19 @@ class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     budget_bytes: int
 
 
+def file_stamp(st: os.stat_result) -> tuple[int, ...]:
+    """What changes whenever a file's bytes do: identity, size and change times."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class CachedSession:
     """What one store has parsed of one session file: its complete lines up to ``offset``.
 
-    Guarded by ``lock``, which is only ever taken while holding the file's flock.
-    ``charged`` (the bytes the cache counts for it) and ``flushed`` (the file's stamp at
-    this store's last successful fsync) belong to the cache's lock.
+    Guarded by ``lock``. Whoever changes the entry holds the file's flock as well (taken
+    first); ``synced``, the file's stamp when the entry last matched the whole file (None:
+    unknown), lets a reader that finds the file still at that stamp use the entry without
+    the flock. ``charged`` (the bytes the cache counts for it) and ``flushed`` (the file's
+    stamp at this store's last successful fsync) belong to the cache's lock.
     """
 
     def __init__(self) -> None:
@@ -65,6 +72,7 @@ class CachedSession:
         self.parsed_bytes = 0
         self.charged = 0
         self.flushed: tuple[int, ...] | None = None
+        self.synced: tuple[int, ...] | None = None
         self._reset(None)
 
     def _reset(self, identity: tuple[int, int] | None) -> None:
@@ -90,6 +98,7 @@ class CachedSession:
         ``session_id`` is the id the header must carry (None: any id). A malformed line
         raises ``ScheduleLogError`` and leaves the entry at the last block that parsed.
         """
+        self.synced = None
         identity = (st.st_dev, st.st_ino)
         if identity != self.identity or st.st_size < self.offset:
             self._reset(identity)
@@ -112,6 +121,8 @@ class CachedSession:
             used = self._take(block, session_id)
             carried = [block[used:]] if used < len(block) else []
         # Bytes after the last newline are a torn line (a crash mid-write): not committed.
+        if position >= st.st_size:
+            self.synced = file_stamp(st)
 
     def _take(self, block: bytes, session_id: str | None) -> int:
         """Parse the complete lines at the start of ``block`` (which starts at ``offset``);
@@ -146,8 +157,11 @@ class CachedSession:
         self._commit(events, sizes, marks, offset)
         return end
 
-    def appended(self, events: tuple[Event, ...], lines: list[bytes]) -> None:
-        """Record an append this store wrote at ``offset``, one line per event."""
+    def appended(self, events: tuple[Event, ...], lines: list[bytes],
+                 stamp: tuple[int, ...] | None) -> None:
+        """Record an append this store wrote at ``offset``, one line per event; ``stamp``:
+        the file's stamp after it (None: unknown)."""
+        self.synced = stamp
         offset = self.offset
         marks: list[int] = []
         for event, line in zip(events, lines, strict=True):

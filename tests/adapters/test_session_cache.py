@@ -325,7 +325,12 @@ def test_lines_longer_than_a_read_block_parse_as_a_whole(
     reader = JsonlStore(tmp_path)
     assert list(reader.read("s1").events) == list(read_session_file(writer.path("s1")).events)
     assert len(reader.read("s1").events) == 40
-    # and the second read parsed only the torn tail again
+    # and the second read, the file unchanged, parsed nothing again
+    assert reader.parsed_bytes("s1") == writer.path("s1").stat().st_size
+    # while a read after the file changed parses only the torn tail again, and the rest
+    with writer.path("s1").open("ab") as f:
+        f.write(b'"time":1,"data":{}}\n')
+    assert len(reader.read("s1").events) == 41
     assert reader.parsed_bytes("s1") == writer.path("s1").stat().st_size + len(torn)
 
 
