@@ -191,36 +191,53 @@ class DueOwner:
             self._sleep_out_skew(agent, latest)
         with self._coord.locks.hold_many(order) as held:
             busy = [agent for agent in order if agent not in held]
-            settled = self._rounds_many([agent for agent in order if agent in held], outcomes)
+            settled, dispatched = self._rounds_many(
+                [agent for agent in order if agent in held], outcomes)
             self._coord.rearm_many(settled, self._clock())
+        self._announce(dispatched)
         for agent in busy:  # its lock is busy: wait for it, then decide it alone
             with log_context(agent=agent):
                 try:
                     with self._coord.locks.hold(agent, wait_s=self._settings.wake_lock_wait_s):
-                        settled = self._rounds_many([agent], outcomes)
+                        settled, dispatched = self._rounds_many([agent], outcomes)
                         self._coord.rearm_many(settled, self._clock())
+                    self._announce(dispatched)
                 except LockUnavailable:
                     log.debug("wake for %s: lock busy, the holder re-arms", agent)
                     outcomes[agent] = WakeOutcome.LOCK_BUSY
         return outcomes
 
+    def _announce(self, agents: Sequence[str]) -> None:
+        """Announce the agents that dispatched to their hosts, now that the transaction
+        has let them go: a host told earlier would find the agent still held and come
+        back later. A lost announcement is repaired like any other: the entry waits in
+        the stream, and the re-arm of a later wake announces it once it is stale."""
+        try:
+            self._coord.followups.announce_many(agents)
+        except redis.RedisError as exc:
+            metrics.get().redis_error()
+            log.warning("%d dispatched agent(s) not announced (%s); their followups wait "
+                        "in their streams", len(agents), type(exc).__name__)
+
     def _rounds_many(
         self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
-    ) -> list[tuple[str, FoldState]]:
+    ) -> tuple[list[tuple[str, FoldState]], list[str]]:
         """Dispatch until nothing is due, for many agents at once, a round at a time: each
         round checks every agent still pending and dispatches, together, for those that
         are due. An agent that has just dispatched and passed its barrier is checked on
         this worker's own view of its log (``_after_dispatch``). Fills in ``outcomes``;
-        returns the settled folds to arm from."""
+        returns the settled folds to arm from, and the agents that dispatched."""
         settled: list[tuple[str, FoldState]] = []
         pending: list[str] = list(agents)
         dispatched: list[str] = []
+        announce: list[str] = []  # the agents a host is to be told of, once let go
         for _ in range(MAX_ROUNDS):
+            announce.extend(dispatched)
             if not pending and not dispatched:
-                return settled
+                return settled, self._to_announce(agents, announce, outcomes)
             due: list[str] = []
-            checked = self._check_many(pending)
-            checked.update(self._after_dispatch(dispatched))
+            checked = self._check_many(pending, announce)
+            checked.update(self._after_dispatch(dispatched, announce))
             for agent, found in checked.items():
                 if found is None:
                     due.append(agent)
@@ -230,13 +247,24 @@ class DueOwner:
                     settled.append((agent, found))
                     outcomes[agent] = WakeOutcome.SETTLED
             pending, dispatched = self._dispatch_many(due, outcomes)
+        announce.extend(dispatched)
         for agent in [*pending, *dispatched]:
             log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
             outcomes[agent] = WakeOutcome.STILL_DUE
-        return settled
+        return settled, self._to_announce(agents, announce, outcomes)
+
+    @staticmethod
+    def _to_announce(agents: Sequence[str], dispatched: list[str],
+                     outcomes: dict[str, WakeOutcome]) -> list[str]:
+        """The agents whose followups a host is to learn of: those that dispatched or were
+        found with an undelivered dispatch, and those whose dispatch is appended but
+        whose barrier failed (the host's own flush confirms it before delivering)."""
+        failed = [agent for agent in agents
+                  if outcomes.get(agent) is WakeOutcome.BARRIER_FAILED]
+        return list(dict.fromkeys([*dispatched, *failed]))
 
     def _after_dispatch(
-        self, agents: Sequence[str]
+        self, agents: Sequence[str], announce: list[str]
     ) -> dict[str, FoldState | WakeOutcome | None]:
         """The check after a dispatch whose barrier flush just succeeded, the agent's lock
         still held: its fold as this worker now reads it (None when a dispatch is due
@@ -254,13 +282,16 @@ class DueOwner:
                 continue
             due = not isinstance(due_decision(state, self._clock()), Wait)
             checked[agent] = None if due else state
-        checked.update(self._check_many(unread))
+        checked.update(self._check_many(unread, announce))
         return checked
 
-    def _check_many(self, agents: Sequence[str]) -> dict[str, FoldState | WakeOutcome | None]:
+    def _check_many(
+        self, agents: Sequence[str], announce: list[str]
+    ) -> dict[str, FoldState | WakeOutcome | None]:
         """Preflight, re-project and decide for each agent: its settled fold when nothing
         is due, the outcome that stops its wake, or None when a dispatch is due now. The
-        flushes run together, and the re-projections are read and written together."""
+        flushes run together, and the re-projections are read and written together.
+        Agents with an undelivered dispatch go on ``announce``."""
         checked: dict[str, FoldState | WakeOutcome | None] = {}
         if not agents:
             return checked
@@ -286,8 +317,10 @@ class DueOwner:
                 checked[agent] = found
             else:
                 loaded.append((agent, *found))
-        added = reproject_many(self._coord.followups,
-                               [(agent, session) for agent, session, _ in loaded], self._ledgers)
+        added, undelivered = reproject_many(
+            self._coord.followups, [(agent, session) for agent, session, _ in loaded],
+            self._ledgers)
+        announce.extend(undelivered)
         now = self._clock()
         for agent, _session, state in loaded:
             if added[agent]:
@@ -381,8 +414,10 @@ class DueOwner:
         if not planned:
             return again, []
         crash_point("before-followup")
+        # Announced once the transaction lets the agents go (``_announce``).
         self._coord.followups.add_many([(agent, plan.text, plan.pairs)
-                                        for agent, _n, _now, _d, plan in planned])
+                                        for agent, _n, _now, _d, plan in planned],
+                                       announce=False)
         written_ms = self._clock()
         crash_point("after-followup")
         conflicted: list[str] = []

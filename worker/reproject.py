@@ -18,15 +18,17 @@ from dsh_schedule.shared.core.ledger import LedgerCache
 
 def reproject_many(
     followups: Followups, sessions: Sequence[tuple[str, Session]], cache: LedgerCache
-) -> dict[str, int]:
+) -> tuple[dict[str, int], list[str]]:
     """Re-add every lost followup of these agents: one pipelined read of the streams of
-    the agents with an undelivered dispatch, one pipelined write of what is missing. How
-    many entries were added, per agent."""
+    the agents with an undelivered dispatch, one script call writing what is missing,
+    unannounced. How many entries were added, per agent, and the agents with an
+    undelivered dispatch: the caller announces them once it lets them go (a host may
+    have missed them, as when a worker died before announcing)."""
     added = {agent: 0 for agent, _session in sessions}
     undelivered = [(agent, ledger, missing) for agent, session in sessions
                    if (missing := (ledger := cache.ledger(agent, session)).undelivered())]
     if not undelivered:
-        return added
+        return added, []
     streams = followups.entries_many([agent for agent, _ledger, _missing in undelivered])
     lost: list[tuple[str, str, Sequence[Pair]]] = []
     for (agent, ledger, missing), entries in zip(undelivered, streams, strict=True):
@@ -35,5 +37,5 @@ def reproject_many(
             if not any(p in held for p in group.pairs):
                 lost.append((agent, pending_frame(ledger, group), group.pairs))
                 added[agent] += 1
-    followups.add_many(lost)
-    return added
+    followups.add_many(lost, announce=False)
+    return added, [agent for agent, _ledger, _missing in undelivered]

@@ -7,7 +7,9 @@ log, and lost entries are re-projected from the log.
 
 Adding an entry also *announces* the agent: in the same script, the agent's id is added to
 the ready stream of the queue its lease names, which is what a host serving that queue
-blocks on. A host therefore learns of a followup without polling every agent's stream. An
+blocks on. A host therefore learns of a followup without polling every agent's stream. A
+due transaction adds its entries unannounced and announces its agents once it lets them
+go (``announce_many``), so that a host does not come for an agent it cannot yet take. An
 announcement is only a hint: a lost one (a host killed while holding it, a trimmed ready
 stream, a lease that moved) leaves the entry in the agent's stream, where the reconcile
 pass finds it once it is older than the stale age and wakes the agent, whose re-arm
@@ -51,16 +53,21 @@ _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 # of the queue the caller found in the hash (not touched when it found none).
 # ARGV[1] the agent, ARGV[2] the frame text, ARGV[3] the pairs (compact JSON), ARGV[4] the
 # queue the caller found ('' for none), ARGV[5] the ready stream's length limit, ARGV[6] the
-# consumer group.
+# consumer group, ARGV[7] '1' to announce the agent, '0' not to (KEYS[2] and KEYS[3] are
+# then not touched, and ARGV[4] not checked).
 # Returns {1, entry id} when the entry is written (and the agent announced on the queue its
-# lease names, when it names one); {0, the queue the hash names now, or ''} when that is not
-# ARGV[4]: nothing is written, and the caller tries again with that queue's ready key.
+# lease names, when it names one and ARGV[7] asks); {0, the queue the hash names now, or
+# ''} when that is not ARGV[4]: nothing is written, and the caller tries again with that
+# queue's ready key.
 # A new stream is created with its consumer group (ARGV[6]), so the host's first read of it
 # finds the group; a host that finds none (a stream from before) creates it then.
 _ADD = """
-local queue = redis.call('HGET', KEYS[2], ARGV[1]) or ''
-if queue ~= ARGV[4] then
-  return {0, queue}
+local queue = ''
+if ARGV[7] == '1' then
+  queue = redis.call('HGET', KEYS[2], ARGV[1]) or ''
+  if queue ~= ARGV[4] then
+    return {0, queue}
+  end
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[6], '0', 'MKSTREAM')
@@ -70,6 +77,12 @@ if queue ~= '' then
   redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[5], '*', 'agent', ARGV[1])
 end
 return {1, id}
+"""
+
+# KEYS[1] the ready stream of an agent's queue; ARGV[1] the agent, ARGV[2] the stream's
+# length limit. Announces the agent.
+_ANNOUNCE = """
+redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'agent', ARGV[1])
 """
 
 # KEYS[2i-1] an agent's followup stream, KEYS[2i] the ready stream of that agent's queue.
@@ -202,16 +215,25 @@ class Followups:
         grants the lease later checks the agent's stream anyway). Returns the entry id."""
         return self.add_many([(agent, text, pairs)])[0]
 
-    def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
+    def add_many(
+        self, items: Sequence[tuple[str, str, Sequence[Pair]]], *, announce: bool = True
+    ) -> list[str]:
         """``add`` for many ``(agent, text, pairs)`` entries: one round trip looks up the
         agents' queues, one more writes every entry (one script call, each entry written
         with its announcement as ``add`` writes it). Entries whose agent's lease moved in
-        between are written again with the queue it names now. The entry ids, in order."""
+        between are written again with the queue it names now. The entry ids, in order.
+
+        ``announce=False`` writes the entries only, in one round trip: the caller, which
+        holds the agents, announces them with ``announce_many`` once it lets them go."""
         if not items:
             return []
-        found: list[Any] = self._client.hmget(self._keys.lease_queue(),
-                                              [item[0] for item in items])
-        queues = [_text(q) if isinstance(q, bytes | str) else "" for q in found]
+        if announce:
+            found: list[Any] = self._client.hmget(self._keys.lease_queue(),
+                                                  [item[0] for item in items])
+            queues = [_text(q) if isinstance(q, bytes | str) else "" for q in found]
+        else:
+            queues = [""] * len(items)
+        flag = "1" if announce else "0"
         ids: list[str | None] = [None] * len(items)
         pending = list(range(len(items)))
         for _attempt in range(_ADD_ATTEMPTS):
@@ -219,7 +241,7 @@ class Followups:
                 ([self._keys.followups(agent), self._keys.lease_queue(),
                   self._keys.ready(queues[index])],
                  [agent, text.encode(), _encode_pairs(pairs).encode(), queues[index],
-                  self._ready_maxlen, STREAM_GROUP])
+                  self._ready_maxlen, STREAM_GROUP, flag])
                 for index in pending
                 for agent, text, pairs in [items[index]]
             ])
@@ -235,6 +257,19 @@ class Followups:
             pending = moved
         agents = ", ".join(items[index][0] for index in pending)
         raise redis.RedisError(f"the lease of {agents} kept moving while adding a followup")
+
+    def announce_many(self, agents: Sequence[str]) -> None:
+        """Announce each agent on the ready stream of the queue its lease names (none: no
+        announcement), as ``add`` does: one round trip reads the queues, one writes."""
+        agents = list(dict.fromkeys(agents))
+        if not agents:
+            return
+        found: list[Any] = self._client.hmget(self._keys.lease_queue(), agents)
+        run_script_batch(self._client, _ANNOUNCE, [
+            ([self._keys.ready(_text(queue))], [agent, self._ready_maxlen])
+            for agent, queue in zip(agents, found, strict=True)
+            if isinstance(queue, bytes | str)
+        ])
 
     def entries(self, agent: str) -> list[FollowupEntry]:
         """Every entry still in the stream, delivered to a consumer or not."""

@@ -12,6 +12,7 @@ lease, a released phase, a rebuild) are plain rq jobs with rq's own ids.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
@@ -19,7 +20,7 @@ from typing import Any, Final, NamedTuple
 import msgspec
 import redis
 from redis.client import Pipeline
-from rq import Queue
+from rq import Queue, worker_registration
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
@@ -45,8 +46,12 @@ WAKE_FUNC: Final = "dsh_schedule.worker.job.wake"
 WAKE_BATCH_FUNC: Final = "dsh_schedule.worker.job.wake_batch"
 WAKE_ID_PREFIX: Final = "wake_"
 WAKE_BATCH: Final = 100
-MOVE_BATCH: Final = 100
-MOVE_TAKE: Final = 500
+# A mover call takes at most MOVE_TAKE due entries; it hands its wakes on to each queue in
+# as many jobs as the queue has workers, of at most MOVE_BATCH wakes each.
+MOVE_BATCH: Final = 500
+MOVE_TAKE: Final = 1000
+# How long the mover trusts its count of a queue's workers.
+WORKERS_TTL_S: Final = 10.0
 WAKE_TIMEOUT_S: Final = 120
 
 
@@ -68,6 +73,14 @@ return {current, score, taken}
 """
 
 
+def move_batch_size(wakes: int, workers: int) -> int:
+    """How many of a mover call's ``wakes`` for one queue go in one job: an even share
+    for each of the queue's ``workers`` (one, when none is registered), at most
+    ``MOVE_BATCH``. A burst reaches every worker at once, in as few jobs as that takes:
+    each job's round trips to Redis are shared by all its wakes."""
+    return max(1, min(MOVE_BATCH, -(-wakes // max(1, workers))))
+
+
 def wake_score(target_ms: int) -> float:
     """A wake's score in the schedule: its target in epoch seconds, to the millisecond."""
     return target_ms / 1000
@@ -81,7 +94,8 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
     per call, oldest first, removing each wake from the schedule and deleting its job hash
     in the same step and returning the hash, so only the pass that took a wake hands it
     on. Each call's wakes go to their queues in one pipelined write, in target order, as
-    ``wake_batch`` jobs of up to ``MOVE_BATCH`` wakes. A due job that is not one of our
+    ``wake_batch`` jobs: as many as the queue has workers, of at most ``MOVE_BATCH``
+    wakes each (``move_batch_size``). A due job that is not one of our
     wakes is left to rq-scheduler's own ``enqueue_job``, exactly as its pass would move
     it. ``enqueue_jobs()`` is that pass at the wall clock.
     """
@@ -94,6 +108,7 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
         self.next_due_ms: int | None = None
         self._take_due = self.connection.register_script(_TAKE_DUE)
+        self._workers: dict[str, tuple[float, int]] = {}  # queue -> (read at, count)
 
     def enqueue_jobs(self) -> int:
         """rq-scheduler's pass, made exact: ``move_due`` at the wall clock."""
@@ -161,23 +176,37 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         return job
 
     def _hand_on(self, wakes: list[tuple[str, ScheduledWake]]) -> int:
-        """Enqueue taken wakes in one pipelined write: per queue, in target order,
-        ``MOVE_BATCH`` per ``wake_batch`` job."""
+        """Enqueue taken wakes in one pipelined write: per queue, in target order, in
+        ``wake_batch`` jobs sized to the queue's workers (``move_batch_size``)."""
         if not wakes:
             return 0
         by_queue: dict[str, list[ScheduledWake]] = {}
         for queue_name, wake in wakes:
             by_queue.setdefault(queue_name, []).append(wake)
+        sizes = {name: move_batch_size(len(items), self._worker_count(name))
+                 for name, items in by_queue.items()}
         with self.connection.pipeline() as pipe:
             for queue_name, items in by_queue.items():
                 items.sort(key=lambda wake: wake.target_ms)
-                chunks = [items[i : i + MOVE_BATCH] for i in range(0, len(items), MOVE_BATCH)]
+                size = sizes[queue_name]
+                chunks = [items[i : i + size] for i in range(0, len(items), size)]
                 Queue(queue_name, connection=self.connection).enqueue_many(
                     [_batch_job(DueWakes(wakes=tuple(chunk))) for chunk in chunks],
                     pipeline=pipe,
                 )
             pipe.execute()
         return len(wakes)
+
+    def _worker_count(self, queue_name: str) -> int:
+        """How many rq workers serve ``queue_name``, read at most every ``WORKERS_TTL_S``
+        (a worker that died unregistered still counts until rq cleans it up)."""
+        now = time.monotonic()
+        known = self._workers.get(queue_name)
+        if known is not None and now - known[0] < WORKERS_TTL_S:
+            return known[1]
+        count = int(self.connection.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue_name))
+        self._workers[queue_name] = (now, count)
+        return count
 
     def _enqueue_other(self, job_id: str) -> int:
         """A due job that is not a wake, moved as rq-scheduler's own pass moves it."""

@@ -16,6 +16,7 @@ import pytest
 import redis
 from rq import Queue
 from rq.job import Job
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.wake import (
@@ -27,6 +28,7 @@ from dsh_schedule.shared.coordination.wake import (
     DueWakes,
     WakeProjection,
     decode_batch,
+    move_batch_size,
     wake_job_id,
 )
 from dsh_schedule.shared.settings import Settings
@@ -264,9 +266,35 @@ def test_move_due_hands_a_wake_to_its_own_queue_in_batches(
     wakes.arm("theirs", T1, "elsewhere")
     assert wakes.move_due(T1) == len(agents) + 1
     jobs = Queue(queue, connection=redis_client).jobs
+    # no worker is registered on the queue: as one worker's, MOVE_BATCH to a job
     assert [len(job.args[0]["wakes"]) for job in jobs] == [MOVE_BATCH, 5]
     assert handed_on(redis_client, queue) == [(a, T1 - i) for i, a in enumerate(agents)][::-1]
     assert handed_on(redis_client, "elsewhere") == [("theirs", T1)]
+
+
+def test_move_due_shares_a_burst_among_the_queues_workers(
+    wakes: WakeProjection, redis_client: redis.Redis, queue: str
+) -> None:
+    # given three workers registered on the queue, as rq registers them
+    redis_client.sadd(WORKERS_BY_QUEUE_KEY % queue, "rq:worker:a", "rq:worker:b", "rq:worker:c")
+    for i in range(300):
+        wakes.arm(f"agent-{i:03d}", T1 - 300 + i, queue)
+    # when 300 wakes come due at once, then each worker gets a job of 100
+    assert wakes.move_due(T1) == 300
+    jobs = Queue(queue, connection=redis_client).jobs
+    assert [len(job.args[0]["wakes"]) for job in jobs] == [100, 100, 100]
+    assert handed_on(redis_client, queue) == [(f"agent-{i:03d}", T1 - 300 + i)
+                                              for i in range(300)]
+
+
+@pytest.mark.parametrize(("wakes", "workers", "size"), [
+    (1, 0, 1), (1, 4, 1), (7, 2, 4), (300, 3, 100), (1000, 2, 500), (1000, 1, MOVE_BATCH),
+    (1000, 0, MOVE_BATCH), (10, 20, 1),
+])
+def test_a_mover_call_is_shared_evenly_and_no_job_passes_the_bound(
+    wakes: int, workers: int, size: int
+) -> None:
+    assert move_batch_size(wakes, workers) == size
 
 
 def test_no_wake_is_handed_on_before_its_millisecond(
@@ -377,8 +405,9 @@ def test_a_burst_moves_in_a_bounded_number_of_round_trips(
     assert wakes.move_due(T1 + burst) == burst
     trips = CountingConnection.sends
     # then it took one script call and one pipelined write per MOVE_TAKE wakes (plus the
-    # call that finds the schedule drained), nowhere near a round trip per wake
-    assert trips <= 2 * math.ceil(burst / MOVE_TAKE) + 1
+    # call that finds the schedule drained, and one count of each queue's workers),
+    # nowhere near a round trip per wake
+    assert trips <= 2 * math.ceil(burst / MOVE_TAKE) + 1 + 2
     # and every wake was handed on once, per queue in target order, MOVE_BATCH per job
     for name in (queue, "elsewhere"):
         mine = [(r.agent, r.target_ms) for r in requests if r.queue == name]

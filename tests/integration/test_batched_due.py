@@ -16,6 +16,7 @@ from redis.client import Pipeline
 from redis.connection import Connection
 
 from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import Event, NewEvent
@@ -453,3 +454,42 @@ def test_looking_at_agents_with_nothing_waiting_takes_no_turn_and_wakes_nobody(
 
     assert claims == []
     assert queue.count == 0  # no turn ended, so no agent with active records was woken
+
+
+class _WatchingAnnouncements(MemoryStore):
+    """Notes, at each barrier flush after a dispatch, the agents the ready stream names."""
+
+    def __init__(self, client: redis.Redis, ready_key: str) -> None:
+        super().__init__()
+        self.client, self.ready_key = client, ready_key
+        self.seen_at_barrier: list[list[str]] = []
+
+    def flush(self, session_id: str) -> None:
+        if dispatch_records(self, session_id):
+            self.seen_at_barrier.append(_announced(self.client, self.ready_key))
+        super().flush(session_id)
+
+
+def _announced(client: redis.Redis, ready_key: str) -> list[str]:
+    return [fields[b"agent"].decode() for _id, fields in client.xrange(ready_key)]
+
+
+def test_a_host_is_told_of_a_dispatch_once_the_worker_lets_the_agent_go(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    ready_key = Keys(settings.prefix).ready(settings.queue)
+    store = _WatchingAnnouncements(redis_client, ready_key)
+    system, clock = _system(redis_client, settings, store)
+    wakes = _made_due(system, clock, ["a1", "a2", "a3"])
+    redis_client.delete(ready_key)  # the installs' own announcements
+
+    outcomes = system.owner.wake_many(wakes)
+
+    assert set(outcomes.values()) == {WakeOutcome.SETTLED}
+    # while the transaction held them, their followups were written but not announced
+    assert store.seen_at_barrier and all(seen == [] for seen in store.seen_at_barrier)
+    assert all(system.coordination.followups.waiting(n) == 1 for n in ("a1", "a2", "a3"))
+    # once it let them go, each was announced once, and a host can take each at once
+    assert sorted(_announced(redis_client, ready_key)) == ["a1", "a2", "a3"]
+    delivered = system.host.serve(0.0)
+    assert sorted(name for name, _d in delivered) == ["a1", "a2", "a3"]

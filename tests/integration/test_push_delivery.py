@@ -159,6 +159,44 @@ def test_a_flush_after_the_announcement_is_reprojected_and_delivered_once(
     assert system.coordination.followups.waiting(session) == 0
 
 
+def test_a_flush_between_the_followup_and_its_announcement_is_delivered_once(
+    redis_client: redis.Redis, settings: Settings, clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The due transaction announces once it lets the agent go; Redis flushed in between
+    still delivers exactly once, well before the entry's stale age would announce it
+    again. (A worker killed there: tests/integration/test_processes.py.)"""
+    assert settings.followup_stale_s >= 30
+    system = EmbeddedSystem(MemoryStore(), settings, clock=clock, sleep=clock.advance,
+                            client=redis_client, injected_clock=True)
+    session = _open(system)
+    _create(system.host, session, prompt="x", after_seconds=2)
+    owner = system.owner
+    real = owner._announce
+
+    def lose(agents: Any) -> None:
+        system.flush_redis()  # entry, lease and wake gone; the announcement follows
+        real(agents)
+
+    monkeypatch.setattr(owner, "_announce", lose)
+    _dispatch(system, clock, 3)
+    monkeypatch.setattr(owner, "_announce", real)
+    assert len(dispatch_records(system.store, session)) == 1
+    assert system.host.serve(0.0) == []  # nothing announced: the host knows of nothing
+    waited = 0
+    while not reminder_texts(system.store, session) and waited < 25:
+        clock.advance(1)
+        waited += 1
+        system.step()
+    assert len(reminder_texts(system.store, session)) == 1, waited
+    for _ in range(5):
+        clock.advance(1)
+        system.step()
+    assert len(reminder_texts(system.store, session)) == 1
+    assert len(dispatch_records(system.store, session)) == 1
+    assert system.coordination.followups.waiting(session) == 0
+
+
 def test_a_ready_stream_begun_anew_behind_the_hosts_place_is_read_from_its_start(
     system: EmbeddedSystem, clock: FakeClock, redis_client: redis.Redis
 ) -> None:
