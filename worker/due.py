@@ -208,10 +208,11 @@ class DueOwner:
         return outcomes
 
     def _announce(self, agents: Sequence[str]) -> None:
-        """Announce the agents that dispatched to their hosts, now that the transaction
-        has let them go: a host told earlier would find the agent still held and come
-        back later. A lost announcement is repaired like any other: the entry waits in
-        the stream, and the re-arm of a later wake announces it once it is stale."""
+        """Announce to their hosts the agents with followups to deliver, now that the
+        transaction has let them go: a host told earlier would find the agent still held
+        and come back a second later. A lost announcement costs time, never a reminder:
+        the entry waits in its stream, the agent's next wake announces it again (it has
+        an undelivered dispatch), and so does a re-arm once the entry is stale."""
         try:
             self._coord.followups.announce_many(agents)
         except redis.RedisError as exc:
@@ -226,7 +227,8 @@ class DueOwner:
         round checks every agent still pending and dispatches, together, for those that
         are due. An agent that has just dispatched and passed its barrier is checked on
         this worker's own view of its log (``_after_dispatch``). Fills in ``outcomes``;
-        returns the settled folds to arm from, and the agents that dispatched."""
+        returns the settled folds to arm from, and the agents to announce once let go
+        (``_to_announce``)."""
         settled: list[tuple[str, FoldState]] = []
         pending: list[str] = list(agents)
         dispatched: list[str] = []
@@ -254,14 +256,15 @@ class DueOwner:
         return settled, self._to_announce(agents, announce, outcomes)
 
     @staticmethod
-    def _to_announce(agents: Sequence[str], dispatched: list[str],
+    def _to_announce(agents: Sequence[str], found: list[str],
                      outcomes: dict[str, WakeOutcome]) -> list[str]:
-        """The agents whose followups a host is to learn of: those that dispatched or were
-        found with an undelivered dispatch, and those whose dispatch is appended but
-        whose barrier failed (the host's own flush confirms it before delivering)."""
+        """The agents whose followups a host is to learn of: ``found`` (those that
+        dispatched or were found with an undelivered dispatch), and those whose dispatch
+        is appended but whose barrier failed (the host's own flush confirms it before
+        delivering); each once."""
         failed = [agent for agent in agents
                   if outcomes.get(agent) is WakeOutcome.BARRIER_FAILED]
-        return list(dict.fromkeys([*dispatched, *failed]))
+        return list(dict.fromkeys([*found, *failed]))
 
     def _after_dispatch(
         self, agents: Sequence[str], announce: list[str]

@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Final
 
@@ -104,6 +105,7 @@ class FileSystemSync:
         self._root = root
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._closer: weakref.finalize[[int], FileSystemSync] | None = None  # if dropped
         self._libc: ctypes.CDLL | None = None
         self._unusable: str | None = None
 
@@ -121,6 +123,7 @@ class FileSystemSync:
                     self._libc = _libc()
                     self._fd = os.open(self._root,
                                        os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    self._closer = weakref.finalize(self, os.close, self._fd)
             except OSError as exc:
                 reason = f"the directory cannot be opened ({exc.strerror})"
             if reason is not None:
@@ -147,10 +150,14 @@ class FileSystemSync:
 
     def _give_up(self, reason: str, level: int) -> None:
         self._unusable = reason
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._release()
         log.log(level, "flushing session files one by one from now on: %s", reason)
+
+    def _release(self) -> None:
+        if self._closer is not None:
+            self._closer()  # closes the descriptor, once
+            self._closer = None
+        self._fd = None
 
     def close(self) -> None:
         """Release the descriptor; every later call says False (a descriptor opened
@@ -158,6 +165,4 @@ class FileSystemSync:
         with self._lock:
             if self._unusable is None:
                 self._unusable = "the store was closed"
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._release()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import errno
 import os
 import tempfile
@@ -176,3 +177,17 @@ def test_syncfs_is_a_setting() -> None:
     assert Settings.from_env({"DSH_SCHEDULE_SYNCFS": "On"}).syncfs is True
     with pytest.raises(SettingsError, match="syncfs must be on or off"):
         Settings.from_env({"DSH_SCHEDULE_SYNCFS": "sometimes"})
+
+
+def test_a_dropped_store_releases_its_descriptor(tmp_path: Path) -> None:
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    JsonlStore(tmp_path)  # warm whatever the first store loads
+    before = open_descriptors()
+    for _ in range(50):
+        store = JsonlStore(tmp_path)
+        assert store.flush_many([]) == {}
+        del store
+    gc.collect()  # a store refers to itself (its cache of paths)
+    assert open_descriptors() <= before + 1
