@@ -419,8 +419,7 @@ class DueOwner:
         crash_point("before-followup")
         # Announced once the transaction lets the agents go (``_announce``).
         self._coord.followups.add_many([(agent, plan.text, plan.pairs)
-                                        for agent, _n, _now, _d, plan in planned],
-                                       announce=False)
+                                        for agent, _n, _now, _d, plan in planned])
         written_ms = self._clock()
         crash_point("after-followup")
         conflicted: list[str] = []

@@ -37,5 +37,5 @@ def reproject_many(
             if not any(p in held for p in group.pairs):
                 lost.append((agent, pending_frame(ledger, group), group.pairs))
                 added[agent] += 1
-    followups.add_many(lost, announce=False)
+    followups.add_many(lost)
     return added, [agent for agent, _ledger, _missing in undelivered]

@@ -5,16 +5,16 @@ An entry holds the exact framing text and the ``(scheduleId, occurrenceAt)`` pai
 covers. The stream is a projection: the host delivers an entry only after checking the
 log, and lost entries are re-projected from the log.
 
-Adding an entry also *announces* the agent: in the same script, the agent's id is added to
-the ready stream of the queue its lease names, which is what a host serving that queue
-blocks on. A host therefore learns of a followup without polling every agent's stream. A
-due transaction adds its entries unannounced and announces its agents once it lets them
-go (``announce_many``), so that a host does not come for an agent it cannot yet take. An
+An entry is written unannounced (``add_many``); *announcing* the agent (``announce_many``)
+adds its id to the ready stream of the queue its lease names, which is what a host serving
+that queue blocks on. A host therefore learns of a followup without polling every agent's
+stream. The due transaction announces its agents once it lets them go, so that a host
+does not come for an agent it cannot yet take; ``add`` writes and announces at once. An
 announcement is only a hint: a lost one (a host killed while holding it, a trimmed ready
 stream, a lease that moved) leaves the entry in the agent's stream, where the reconcile
 pass finds it once it is older than the stale age and wakes the agent, whose re-arm
 announces it again (``announce_stale``). The ready stream is trimmed to ``READY_MAXLEN``
-entries on every add.
+entries on every announcement.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dsh_schedule.shared.core.ledger import Pair
 READY_MAXLEN: Final = 10_000
 READ_COUNT: Final = 16  # the most entries one read of an agent's stream returns
 READY_START: Final = "0-0"
-_ADD_ATTEMPTS: Final = 4
+_ANNOUNCE_ATTEMPTS: Final = 4
 
 
 class FollowupEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,40 +49,32 @@ __all__ = [
 
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 
-# KEYS[1] the agent's followup stream, KEYS[2] the lease-queue hash, KEYS[3] the ready stream
-# of the queue the caller found in the hash (not touched when it found none).
-# ARGV[1] the agent, ARGV[2] the frame text, ARGV[3] the pairs (compact JSON), ARGV[4] the
-# queue the caller found ('' for none), ARGV[5] the ready stream's length limit, ARGV[6] the
-# consumer group, ARGV[7] '1' to announce the agent, '0' not to (KEYS[2] and KEYS[3] are
-# then not touched, and ARGV[4] not checked).
-# Returns {1, entry id} when the entry is written (and the agent announced on the queue its
-# lease names, when it names one and ARGV[7] asks); {0, the queue the hash names now, or
-# ''} when that is not ARGV[4]: nothing is written, and the caller tries again with that
-# queue's ready key.
-# A new stream is created with its consumer group (ARGV[6]), so the host's first read of it
-# finds the group; a host that finds none (a stream from before) creates it then.
+# KEYS[1] the agent's followup stream; ARGV[1] the frame text, ARGV[2] the pairs (compact
+# JSON), ARGV[3] the consumer group. Returns the entry id.
+# A new stream is created with its consumer group, so the host's first read of it finds
+# the group; a host that finds none (a stream from before) creates it then.
 _ADD = """
-local queue = ''
-if ARGV[7] == '1' then
-  queue = redis.call('HGET', KEYS[2], ARGV[1]) or ''
-  if queue ~= ARGV[4] then
-    return {0, queue}
-  end
-end
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[6], '0', 'MKSTREAM')
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[3], '0', 'MKSTREAM')
 end
-local id = redis.call('XADD', KEYS[1], '*', 'text', ARGV[2], 'pairs', ARGV[3])
-if queue ~= '' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[5], '*', 'agent', ARGV[1])
-end
-return {1, id}
+return redis.call('XADD', KEYS[1], '*', 'text', ARGV[1], 'pairs', ARGV[2])
 """
 
-# KEYS[1] the ready stream of an agent's queue; ARGV[1] the agent, ARGV[2] the stream's
-# length limit. Announces the agent.
+# KEYS[1] the lease-queue hash, KEYS[2] the ready stream of the queue the caller found in
+# the hash (not touched when it found none). ARGV[1] the agent, ARGV[2] the queue the
+# caller found ('' for none), ARGV[3] the ready stream's length limit.
+# Returns {1} when the agent is announced on the queue its lease names (or has no lease);
+# {0, the queue the hash names now, or ''} when that is not ARGV[2]: nothing is written,
+# and the caller tries again with that queue's ready key.
 _ANNOUNCE = """
-redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'agent', ARGV[1])
+local queue = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+if queue ~= ARGV[2] then
+  return {0, queue}
+end
+if queue ~= '' then
+  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[3], '*', 'agent', ARGV[1])
+end
+return {1}
 """
 
 # KEYS[2i-1] an agent's followup stream, KEYS[2i] the ready stream of that agent's queue.
@@ -210,66 +202,51 @@ class Followups:
         self._announce_stale = client.register_script(_ANNOUNCE_STALE)
 
     def add(self, agent: str, text: str, pairs: Sequence[Pair]) -> str:
-        """Add an entry and, in the same atomic step, announce the agent on the ready
-        stream of the queue its lease names (no lease: no announcement; a host that
-        grants the lease later checks the agent's stream anyway). Returns the entry id."""
-        return self.add_many([(agent, text, pairs)])[0]
+        """Add an entry, then announce the agent on the ready stream of the queue its
+        lease names (no lease: no announcement; a host that grants the lease later checks
+        the agent's stream anyway). Returns the entry id."""
+        entry_id = self.add_many([(agent, text, pairs)])[0]
+        self.announce_many([agent])
+        return entry_id
 
-    def add_many(
-        self, items: Sequence[tuple[str, str, Sequence[Pair]]], *, announce: bool = True
-    ) -> list[str]:
-        """``add`` for many ``(agent, text, pairs)`` entries: one round trip looks up the
-        agents' queues, one more writes every entry (one script call, each entry written
-        with its announcement as ``add`` writes it). Entries whose agent's lease moved in
-        between are written again with the queue it names now. The entry ids, in order.
-
-        ``announce=False`` writes the entries only, in one round trip: the caller, which
-        holds the agents, announces them with ``announce_many`` once it lets them go."""
-        if not items:
-            return []
-        if announce:
-            found: list[Any] = self._client.hmget(self._keys.lease_queue(),
-                                                  [item[0] for item in items])
-            queues = [_text(q) if isinstance(q, bytes | str) else "" for q in found]
-        else:
-            queues = [""] * len(items)
-        flag = "1" if announce else "0"
-        ids: list[str | None] = [None] * len(items)
-        pending = list(range(len(items)))
-        for _attempt in range(_ADD_ATTEMPTS):
-            written = run_script_batch(self._client, _ADD, [
-                ([self._keys.followups(agent), self._keys.lease_queue(),
-                  self._keys.ready(queues[index])],
-                 [agent, text.encode(), _encode_pairs(pairs).encode(), queues[index],
-                  self._ready_maxlen, STREAM_GROUP, flag])
-                for index in pending
-                for agent, text, pairs in [items[index]]
-            ])
-            moved = []
-            for index, (done, value) in zip(pending, written, strict=True):
-                if done:
-                    ids[index] = _text(value)
-                else:
-                    queues[index] = _text(value)  # the lease moved: announce where it is now
-                    moved.append(index)
-            if not moved:
-                return [entry_id for entry_id in ids if entry_id is not None]
-            pending = moved
-        agents = ", ".join(items[index][0] for index in pending)
-        raise redis.RedisError(f"the lease of {agents} kept moving while adding a followup")
+    def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
+        """Write many ``(agent, text, pairs)`` entries in one round trip (one script call),
+        unannounced: the caller, which holds the agents, announces them with
+        ``announce_many`` once it lets them go. The entry ids, in order."""
+        written = run_script_batch(self._client, _ADD, [
+            ([self._keys.followups(agent)],
+             [text.encode(), _encode_pairs(pairs).encode(), STREAM_GROUP])
+            for agent, text, pairs in items
+        ])
+        return [_text(entry_id) for entry_id in written]
 
     def announce_many(self, agents: Sequence[str]) -> None:
         """Announce each agent on the ready stream of the queue its lease names (none: no
-        announcement), as ``add`` does: one round trip reads the queues, one writes."""
-        agents = list(dict.fromkeys(agents))
-        if not agents:
+        announcement): one round trip looks up the queues, one more announces them all
+        (one script call). An agent whose lease moved in between is announced again where
+        it names now."""
+        pending = list(dict.fromkeys(agents))
+        if not pending:
             return
-        found: list[Any] = self._client.hmget(self._keys.lease_queue(), agents)
-        run_script_batch(self._client, _ANNOUNCE, [
-            ([self._keys.ready(_text(queue))], [agent, self._ready_maxlen])
-            for agent, queue in zip(agents, found, strict=True)
-            if isinstance(queue, bytes | str)
-        ])
+        found: list[Any] = self._client.hmget(self._keys.lease_queue(), pending)
+        queues = {agent: _text(q) if isinstance(q, bytes | str) else ""
+                  for agent, q in zip(pending, found, strict=True)}
+        for _attempt in range(_ANNOUNCE_ATTEMPTS):
+            replies = run_script_batch(self._client, _ANNOUNCE, [
+                ([self._keys.lease_queue(), self._keys.ready(queues[agent])],
+                 [agent, queues[agent], self._ready_maxlen])
+                for agent in pending
+            ])
+            moved = []
+            for agent, reply in zip(pending, replies, strict=True):
+                if not reply[0]:
+                    queues[agent] = _text(reply[1])  # the lease moved: announce there
+                    moved.append(agent)
+            if not moved:
+                return
+            pending = moved
+        raise redis.RedisError(f"the lease of {', '.join(pending)} kept moving while "
+                               "announcing a followup")
 
     def entries(self, agent: str) -> list[FollowupEntry]:
         """Every entry still in the stream, delivered to a consumer or not."""

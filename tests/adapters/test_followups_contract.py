@@ -279,9 +279,10 @@ def test_add_announces_where_the_lease_is_when_it_moved_meanwhile(
     followups: Followups, redis_client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The queue is looked up before the script runs; a lease that moved in between is
-    caught by the script, which writes nothing, and the add goes where the lease is now."""
+    caught by the script, which announces nothing, and the announcement goes where the
+    lease is now."""
     lease_on(redis_client, keys, "queue-now")
-    monkeypatch.setattr(redis_client, "hget", lambda *_args: b"queue-before")
+    monkeypatch.setattr(redis_client, "hmget", lambda *_args: [b"queue-before"])
     entry = followups.add(AGENT, SINGLE_TEXT, SINGLE)
     assert ids(followups.entries(AGENT)) == [entry]  # written once
     assert announced(redis_client, keys, "queue-now") == [AGENT]
