@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import re
 import sys
 import threading
 import weakref
@@ -44,19 +45,10 @@ _STATFS_BYTES: Final = 256  # larger than struct statfs on every Linux ABI
 def kernel_version(release: str) -> tuple[int, int]:
     """Major and minor of a Linux release string ("6.1.0-18-amd64" -> (6, 1)); (0, 0) when
     it does not start with a number."""
-    numbers = []
-    for part in release.split(".")[:2]:
-        digits = ""
-        for char in part:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
-            break
-        numbers.append(int(digits))
-    if not numbers:
+    found = re.match(r"(\d+)(?:\.(\d+))?", release)
+    if found is None:
         return (0, 0)
-    return (numbers[0], numbers[1] if len(numbers) > 1 else 0)
+    return (int(found[1]), int(found[2] or 0))
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -66,11 +58,10 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def file_system_type(path: Path, libc: ctypes.CDLL | None = None) -> int | None:
+def file_system_type(path: Path, libc: ctypes.CDLL) -> int | None:
     """The statfs(2) ``f_type`` of the file system holding ``path`` (None: unknown).
     ``f_type`` is the first field of ``struct statfs``, a native word, on every ABI."""
-    libc = libc if libc is not None else _libc()
-    if libc is None or not hasattr(libc, "statfs"):
+    if not hasattr(libc, "statfs"):
         return None
     buffer = ctypes.create_string_buffer(_STATFS_BYTES)
     if libc.statfs(os.fsencode(path), buffer) != 0:
@@ -78,13 +69,13 @@ def file_system_type(path: Path, libc: ctypes.CDLL | None = None) -> int | None:
     return int(ctypes.c_long.from_buffer(buffer).value) & 0xFFFFFFFF
 
 
-def why_not(path: Path) -> str | None:
-    """Why ``syncfs`` cannot confirm the files under ``path`` here; None when it can."""
+def why_not(path: Path, libc: ctypes.CDLL | None) -> str | None:
+    """Why ``syncfs`` (of ``libc``, the C library) cannot confirm the files under ``path``
+    here; None when it can."""
     if not sys.platform.startswith("linux"):
         return "not Linux"
     if kernel_version(os.uname().release) < MIN_KERNEL:
         return f"Linux {os.uname().release} is older than 5.8"
-    libc = _libc()
     if libc is None or not hasattr(libc, "syncfs"):
         return "the C library has no syncfs"
     kind = file_system_type(path, libc)
@@ -118,9 +109,10 @@ class FileSystemSync:
             if self._unusable is not None:
                 return False
             try:
-                reason = why_not(self._root)
+                libc = _libc()
+                reason = why_not(self._root, libc)
                 if reason is None:
-                    self._libc = _libc()
+                    self._libc = libc
                     self._fd = os.open(self._root,
                                        os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                     self._closer = weakref.finalize(self, os.close, self._fd)
@@ -142,11 +134,6 @@ class FileSystemSync:
             code = ctypes.get_errno()
             self._give_up(f"syncfs failed ({os.strerror(code)})", logging.WARNING)
             return False
-
-    @property
-    def unusable(self) -> str | None:
-        """Why this store flushes file by file (None while ``syncfs`` serves it)."""
-        return self._unusable
 
     def _give_up(self, reason: str, level: int) -> None:
         self._unusable = reason

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import ctypes
-import gc
 import errno
+import gc
 import os
 import tempfile
 from pathlib import Path
@@ -75,7 +75,7 @@ class FailingLibc:
 def test_here_syncfs_is_trusted() -> None:
     """The suite's temporary directories are on a file system syncfs serves; otherwise the
     tests below would test the fallback only."""
-    assert syncfs.why_not(Path(tempfile.gettempdir())) is None
+    assert syncfs.why_not(Path(tempfile.gettempdir()), syncfs._libc()) is None
 
 
 def test_a_batch_of_changed_files_is_confirmed_by_one_syncfs(tmp_path: Path) -> None:
@@ -146,8 +146,8 @@ def test_a_closed_store_flushes_each_file(tmp_path: Path) -> None:
 def test_an_untrusted_file_system_is_flushed_file_by_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(syncfs, "file_system_type", lambda path, libc=None: 0x6969)  # NFS
-    assert syncfs.why_not(tmp_path) == "file system type 0x6969"
+    monkeypatch.setattr(syncfs, "file_system_type", lambda path, libc: 0x6969)  # NFS
+    assert syncfs.why_not(tmp_path, syncfs._libc()) == "file system type 0x6969"
     store = CountingStore(tmp_path)
     ids = _sessions(store, 3)
     assert flush_each(store, ids) == {}
@@ -168,7 +168,7 @@ def test_an_old_kernel_is_not_trusted(tmp_path: Path, monkeypatch: pytest.Monkey
     fake = os.uname_result((real.sysname, real.nodename, "5.4.0-150-generic", real.version,
                             real.machine))
     monkeypatch.setattr(syncfs.os, "uname", lambda: fake)
-    assert syncfs.why_not(tmp_path) == "Linux 5.4.0-150-generic is older than 5.8"
+    assert syncfs.why_not(tmp_path, syncfs._libc()) == "Linux 5.4.0-150-generic is older than 5.8"
 
 
 def test_syncfs_is_a_setting() -> None:
