@@ -27,9 +27,10 @@ from rq.job import Job, JobStatus
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.scripts import (
+    SCRIPT_BATCH_MAX,
     batch_replies,
-    queue_script,
     queue_script_batch,
+    run_script_batch,
 )
 
 with warnings.catch_warnings():
@@ -244,17 +245,63 @@ local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {first[2] or false, entries}
 """
 
-# KEYS[1] the schedule (sorted set), KEYS[2] the wake's rq job hash; ARGV[1] the job id.
-# Only a wake still waiting in the schedule is ours to delete; one already handed on
-# (its own job hash deleted by the mover) is left alone: its batch runs, finds nothing
-# due (or re-arms) and ends.
-_UNSCHEDULE = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('DEL', KEYS[2])
-  return 1
+# The writes of arming, for many agents in one call (``WakeProjection._write_arms``): for
+# each, a scheduled rq job (the hash rq's own ``Job.save`` writes), its score in the
+# schedule, the current-wake pointer, and the superseded wake's removal. Only a superseded
+# wake still waiting in the schedule is ours to delete; one already handed on (its job
+# hash deleted by the mover) is left alone: its batch runs, finds nothing due (or re-arms)
+# and ends. KEYS[1] the schedule; then per agent the new job hash, the current-wake
+# pointer, the superseded job hash (the new one when none). ARGV[1] S, then S field/value
+# pairs every job shares; then V, the V field names whose values differ from job to job;
+# then per agent its wake id, score, superseded wake id ('' for none) and V values.
+_ARM_WRITE = """
+local s = tonumber(ARGV[1])
+local v = tonumber(ARGV[2 + 2 * s])
+local base = 2 + 2 * s + v
+local per = 3 + v
+local n = (#ARGV - base) / per
+for i = 0, n - 1 do
+  local a = base + i * per
+  local id, previous = ARGV[a + 1], ARGV[a + 3]
+  local fields = {}
+  for j = 2, 1 + 2 * s do fields[#fields + 1] = ARGV[j] end
+  for j = 1, v do
+    fields[#fields + 1] = ARGV[2 + 2 * s + j]
+    fields[#fields + 1] = ARGV[a + 3 + j]
+  end
+  redis.call('HSET', KEYS[2 + 3 * i], unpack(fields))
+  redis.call('ZADD', KEYS[1], ARGV[a + 2], id)
+  redis.call('SET', KEYS[3 + 3 * i], id)
+  if previous ~= '' and previous ~= id and redis.call('ZREM', KEYS[1], previous) == 1 then
+    redis.call('DEL', KEYS[4 + 3 * i])
+  end
 end
-return 0
+return n
 """
+
+# Nothing to arm, for one agent (``queue_script_batch`` runs it for many in one call).
+# KEYS[1] the schedule, KEYS[2] the current wake's job hash (the pointer when none), KEYS[3]
+# the agent's current-wake pointer, KEYS[4] its wake counter; ARGV[1] the current wake id
+# ('' for none), deleted as ``_ARM_WRITE`` deletes a superseded one.
+_RETIRE = """
+if ARGV[1] ~= '' and redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('DEL', KEYS[2])
+end
+redis.call('DEL', KEYS[3], KEYS[4])
+return 1
+"""
+
+# The fields of a wake's job hash that differ from one wake to the next; every other field
+# is the same for every wake of one arming call, and is sent once.
+_OWN_FIELDS: Final = ("created_at", "data", "description", "origin")
+
+
+class _Scheduled(NamedTuple):
+    """One wake for ``_ARM_WRITE``: its keys (job hash, current-wake pointer, superseded
+    job hash) and its arguments (wake id, score, superseded id, ``_OWN_FIELDS`` values)."""
+
+    keys: tuple[str, str, str]
+    args: tuple[Any, ...]
 
 
 def _batch_job(batch: WakeBatch) -> Any:
@@ -328,7 +375,6 @@ class WakeProjection:
         # rq-scheduler's mover lock expires ``interval + 10`` s after it was taken: a
         # scheduler that dies holding it stalls the others' movers no longer than that.
         self.scheduler = PrefixedScheduler(keys, connection=client, interval=1)
-        self._unschedule_script = client.register_script(_UNSCHEDULE)
 
     def current(self, agent: str) -> str | None:
         value = self._client.get(self._keys.current_wake(agent))
@@ -356,30 +402,34 @@ class WakeProjection:
                 calls = self.queue_arm_facts(pipe, [(r.agent, r.target_ms) for r in requests])
                 facts = self.arm_facts(iter(pipe.execute()), calls)
         results: list[str | None] = []
-        nudge = False
+        retired: list[tuple[list[str], list[str]]] = []
+        scheduled: dict[tuple[tuple[str, Any], ...], list[_Scheduled]] = {}
+        for r, fact in zip(requests, facts, strict=True):
+            previous = fact.previous
+            if r.target_ms is None:
+                retired.append(self._retire_item(r.agent, previous))
+                results.append(None)
+                continue
+            job_id = wake_job_id(r.agent, r.target_ms)
+            if (
+                previous is not None
+                and (previous == job_id or previous.startswith(f"{job_id}_"))
+                and fact.previous_score == wake_score(r.target_ms)
+            ):
+                results.append(previous)  # already armed for this very target
+                continue
+            if fact.taken:
+                # Scheduled for another millisecond, queued, running or failed under
+                # this id: never re-schedule it.
+                job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
+            shared, wake = self._scheduled(r.agent, r.target_ms, r.queue, job_id, previous)
+            scheduled.setdefault(shared, []).append(wake)
+            results.append(job_id)
         with self._client.pipeline() as pipe:
-            for r, fact in zip(requests, facts, strict=True):
-                previous = fact.previous
-                if r.target_ms is None:
-                    self._retire(r.agent, previous, pipe)
-                    results.append(None)
-                    continue
-                job_id = wake_job_id(r.agent, r.target_ms)
-                if (
-                    previous is not None
-                    and (previous == job_id or previous.startswith(f"{job_id}_"))
-                    and fact.previous_score == wake_score(r.target_ms)
-                ):
-                    results.append(previous)  # already armed for this very target
-                    continue
-                if fact.taken:
-                    # Scheduled for another millisecond, queued, running or failed under
-                    # this id: never re-schedule it.
-                    job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
-                self._schedule(r.agent, r.target_ms, r.queue, job_id, previous, pipe)
-                results.append(job_id)
-                nudge = True
-            if nudge:
+            queue_script_batch(pipe, _RETIRE, retired)
+            for shared, wakes in scheduled.items():
+                self._write_arms(pipe, shared, wakes)
+            if scheduled:
                 # Wake a scheduler that sleeps until its next known due time: this wake
                 # may be due sooner. One element at most, so nothing grows.
                 pipe.lpush(self._keys.mover_nudge(), "1")
@@ -410,13 +460,13 @@ class WakeProjection:
                          taken=bool(taken))
                 for previous, score, taken in batch_replies(replies, calls)]
 
-    def _schedule(
+    def _scheduled(
         self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
-        pipe: Pipeline,
-    ) -> None:
-        """What rq-scheduler's ``enqueue_at`` writes (a scheduled rq job and its score,
-        here the exact millisecond rather than the whole second), plus the current-wake
-        pointer and the superseded wake's removal."""
+    ) -> tuple[tuple[tuple[str, Any], ...], _Scheduled]:
+        """What rq-scheduler's ``enqueue_at`` writes for one wake (a scheduled rq job and
+        its score, here the exact millisecond rather than the whole second), plus the
+        current-wake pointer and the superseded wake's removal: the job hash's fields
+        every wake shares, and the rest (``_ARM_WRITE``)."""
         job = Job.create(
             WAKE_FUNC,
             args=(agent, target_ms),
@@ -428,12 +478,33 @@ class WakeProjection:
             status=JobStatus.SCHEDULED,
             origin=queue,
         )
-        job.save(pipeline=pipe)
-        pipe.zadd(self.scheduler.scheduled_jobs_key, {job_id: wake_score(target_ms)})
-        pipe.set(self._keys.current_wake(agent), job_id)
-        if previous is not None and previous != job_id:
-            self._unschedule(previous, pipe)
-        log.debug("armed %s for %s at %d", job_id, agent, target_ms)
+        fields = job.to_dict()
+        own = tuple(fields.pop(name, "") for name in _OWN_FIELDS)
+        log.debug("arming %s for %s at %d", job_id, agent, target_ms)
+        return tuple(fields.items()), _Scheduled(
+            keys=(job.key, self._keys.current_wake(agent), Job.key_for(previous or job_id)),
+            args=(job_id, repr(wake_score(target_ms)), previous or "", *own),
+        )
+
+    def _write_arms(self, pipe: Pipeline, shared: tuple[tuple[str, Any], ...],
+                    wakes: list[_Scheduled]) -> None:
+        """Queue ``_ARM_WRITE`` for ``wakes``, whose job hashes share the fields ``shared``:
+        at most ``SCRIPT_BATCH_MAX`` wakes to a call."""
+        head: list[Any] = [len(shared), *(part for pair in shared for part in pair),
+                           len(_OWN_FIELDS), *_OWN_FIELDS]
+        for start in range(0, len(wakes), SCRIPT_BATCH_MAX):
+            chunk = wakes[start:start + SCRIPT_BATCH_MAX]
+            keys = [self.scheduler.scheduled_jobs_key, *(k for w in chunk for k in w.keys)]
+            args = [*head, *(a for w in chunk for a in w.args)]
+            pipe.eval(_ARM_WRITE, len(keys), *keys, *args)
+
+    def _retire_item(self, agent: str, previous: str | None) -> tuple[list[str], list[str]]:
+        """The ``_RETIRE`` item that removes the agent's current wake, if any."""
+        current = self._keys.current_wake(agent)
+        return ([self.scheduler.scheduled_jobs_key,
+                 Job.key_for(previous) if previous is not None else current,
+                 current, self._keys.wake_counter(agent)],
+                [previous or ""])
 
     def trigger(self, agent: str, queue: str) -> None:
         """Enqueue an immediate wake; the wake decides everything under the lock."""
@@ -459,20 +530,7 @@ class WakeProjection:
 
     def cancel(self, agent: str) -> None:
         """Remove the agent's current wake (disposal)."""
-        self._retire(agent, self.current(agent))
-
-    def _retire(self, agent: str, previous: str | None, pipe: Pipeline | None = None) -> None:
-        client = pipe if pipe is not None else self._client
-        if previous is not None:
-            self._unschedule(previous, pipe)
-        client.delete(self._keys.current_wake(agent), self._keys.wake_counter(agent))
-
-    def _unschedule(self, job_id: str, pipe: Pipeline | None = None) -> None:
-        keys = [self.scheduler.scheduled_jobs_key, Job.key_for(job_id)]
-        if pipe is None:
-            self._unschedule_script(keys=keys, args=[job_id])
-        else:
-            queue_script(pipe, self._unschedule_script, keys, [job_id])
+        run_script_batch(self._client, _RETIRE, [self._retire_item(agent, self.current(agent))])
 
     def move_due(self, now_ms: int | None = None) -> int:
         """One mover pass: hand every wake whose target is at or before ``now_ms`` (default:

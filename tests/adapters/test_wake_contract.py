@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 from rq import Queue
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from dsh_schedule.shared.coordination.keys import Keys
@@ -24,6 +24,7 @@ from dsh_schedule.shared.coordination.wake import (
     MOVE_TAKE,
     WAKE_BATCH_FUNC,
     WAKE_FUNC,
+    WAKE_TIMEOUT_S,
     ArmRequest,
     DueWakes,
     WakeProjection,
@@ -110,6 +111,39 @@ def test_arm_schedules_a_wake_job_under_the_prefix(
     assert job.result_ttl == 0
     assert job.origin == queue
     assert queued(redis_client, queue) == []
+
+
+def test_a_wake_job_hash_is_the_one_rq_itself_saves(
+    wakes: WakeProjection, redis_client: redis.Redis, queue: str
+) -> None:
+    # given the hash rq's own Job.save writes for the same wake, under another id
+    job_id = str(wakes.arm(AGENT, T1, queue))
+    reference = Job.create(WAKE_FUNC, args=(AGENT, T1), connection=redis_client, result_ttl=0,
+                           ttl=None, id="reference", timeout=WAKE_TIMEOUT_S,
+                           status=JobStatus.SCHEDULED, origin=queue)
+    reference.save()
+    ours: Any = redis_client.hgetall(Job.key_for(job_id))
+    theirs: Any = redis_client.hgetall(Job.key_for("reference"))
+    # then armed wakes hold the same fields with the same values (only the instant differs)
+    assert ours.keys() == theirs.keys()
+    assert {k: v for k, v in ours.items() if k != b"created_at"} == {
+        k: v for k, v in theirs.items() if k != b"created_at"}
+
+
+def test_arming_more_wakes_than_one_call_holds_writes_each_once(
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
+) -> None:
+    # given 250 agents armed once (three write calls), then each superseded by a new target
+    agents = [f"agent-{i:03d}" for i in range(250)]
+    first = wakes.arm_many([ArmRequest(a, T1 + i, queue) for i, a in enumerate(agents)])
+    second = wakes.arm_many([ArmRequest(a, T2 + i, queue) for i, a in enumerate(agents)])
+    # then each agent has exactly its newest wake, scheduled at its own millisecond
+    assert schedule(redis_client, keys) == {
+        str(job_id): (T2 + i) / 1000 for i, job_id in enumerate(second)}
+    for i, (agent, old, new) in enumerate(zip(agents, first, second, strict=True)):
+        assert wakes.current(agent) == new
+        assert tuple(Job.fetch(str(new), connection=redis_client).args) == (agent, T2 + i)
+        assert not job_exists(redis_client, str(old))
 
 
 def test_arming_the_same_target_again_is_a_no_op(
