@@ -27,7 +27,7 @@ from rq import get_current_job
 
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wake import DueWakes, decode_batch
+from dsh_schedule.shared.coordination.wakejobs import DueWakes, decode_batch
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore

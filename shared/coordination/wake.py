@@ -4,56 +4,43 @@ Each live agent with work has one *current* wake: an rq-scheduler job scheduled 
 next decision time on the queue beside its session store, scored at that time's exact
 millisecond (``target_ms / 1000`` epoch seconds). Arming happens under the per-agent lock.
 A wake id that may be queued or running is never re-scheduled (rq's success handling
-would overwrite or delete it): a new id is used instead. The mover hands a wake on only
-once its target has come on the mover's clock, never before. Immediate wakes (a new
-lease, a released phase, a rebuild) are plain rq jobs with rq's own ids.
+would overwrite or delete it): a new id is used instead. The mover (``mover``) hands a
+wake on only once its target has come on the mover's clock, never before. Immediate wakes
+(a new lease, a released phase, a rebuild) are plain rq jobs with rq's own ids. What a
+wake is to rq (its job functions, id, score and batches) lives in ``wakejobs``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
-import msgspec
 import redis
 from redis.client import Pipeline
-from rq import Queue, worker_registration
-from rq.exceptions import NoSuchJobError
+from rq import Queue
 from rq.job import Job, JobStatus
 
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.mover import PrefixedScheduler
 from dsh_schedule.shared.coordination.scripts import (
     SCRIPT_BATCH_MAX,
     batch_replies,
     queue_script_batch,
     run_script_batch,
 )
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from rq_scheduler import Scheduler
-
-# rq-scheduler samples datetime.utcnow(), deprecated on newer Pythons; silence that
-# module's warning only.
-warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"rq_scheduler(\..*)?")
+from dsh_schedule.shared.coordination.wakejobs import (
+    WAKE_BATCH,
+    WAKE_FUNC,
+    WAKE_TIMEOUT_S,
+    ImmediateWakes,
+    batch_job,
+    wake_job_id,
+    wake_score,
+)
 
 log = logging.getLogger(__name__)
-
-WAKE_FUNC: Final = "dsh_schedule.worker.job.wake"
-WAKE_BATCH_FUNC: Final = "dsh_schedule.worker.job.wake_batch"
-WAKE_ID_PREFIX: Final = "wake_"
-WAKE_BATCH: Final = 100
-# A mover call takes at most MOVE_TAKE due entries; it hands its wakes on to each queue in
-# as many jobs as the queue has workers, of at most MOVE_BATCH wakes each.
-MOVE_BATCH: Final = 500
-MOVE_TAKE: Final = 1000
-# How long the mover trusts its count of a queue's workers.
-WORKERS_TTL_S: Final = 10.0
-WAKE_TIMEOUT_S: Final = 120
 
 
 # KEYS[1] the agent's current-wake pointer, KEYS[2] rq-scheduler's schedule, KEYS[3] the
@@ -73,177 +60,6 @@ end
 return {current, score, taken}
 """
 
-
-def move_batch_size(wakes: int, workers: int) -> int:
-    """How many of a mover call's ``wakes`` for one queue go in one job: an even share
-    for each of the queue's ``workers`` (one, when none is registered), at most
-    ``MOVE_BATCH``. A burst reaches every worker at once, in as few jobs as that takes:
-    each job's round trips to Redis are shared by all its wakes."""
-    return max(1, min(MOVE_BATCH, -(-wakes // max(1, workers))))
-
-
-def wake_score(target_ms: int) -> float:
-    """A wake's score in the schedule: its target in epoch seconds, to the millisecond."""
-    return target_ms / 1000
-
-
-class PrefixedScheduler(Scheduler):  # type: ignore[misc]
-    """rq-scheduler with its global keys under our prefix and an exact, batched mover.
-
-    ``move_due(now_ms)`` replaces rq-scheduler's pass (whole-second "now", one round trip
-    per job): a script takes up to ``MOVE_TAKE`` entries scored at or before ``now_ms``
-    per call, oldest first, removing each wake from the schedule and deleting its job hash
-    in the same step and returning the hash, so only the pass that took a wake hands it
-    on. Each call's wakes go to their queues in one pipelined write, in target order, as
-    ``wake_batch`` jobs: as many as the queue has workers, of at most ``MOVE_BATCH``
-    wakes each (``move_batch_size``). A due job that is not one of our
-    wakes is left to rq-scheduler's own ``enqueue_job``, exactly as its pass would move
-    it. ``enqueue_jobs()`` is that pass at the wall clock.
-    """
-
-    def __init__(self, keys: Keys, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.scheduled_jobs_key = keys.scheduled_jobs()
-        self.scheduler_lock_key = keys.scheduler_lock()
-        self.scheduler_key = keys.scheduler()
-        self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
-        self.next_due_ms: int | None = None
-        self._take_due = self.connection.register_script(_TAKE_DUE)
-        self._workers: dict[str, tuple[float, int]] = {}  # queue -> (read at, count)
-
-    def enqueue_jobs(self) -> int:
-        """rq-scheduler's pass, made exact: ``move_due`` at the wall clock."""
-        return self.move_due(wall_clock_ms())
-
-    def move_due(self, now_ms: int) -> int:
-        """Hand on every job scored at or before ``now_ms``; how many were handed on.
-
-        Round trips: one script call per ``MOVE_TAKE`` due entries plus one pipelined
-        write per call that took wakes, whatever the size of the burst (a job that is not
-        a wake costs what rq-scheduler's own pass costs). A mover that fails between a
-        call and its write loses at most that call's wakes, and the reconcile pass wakes
-        every live agent again. Afterwards ``next_due_ms`` is the earliest score left in
-        the schedule (None: nothing left).
-        """
-        moved = 0
-        others_moved: set[str] = set()
-        while True:
-            taken: Any = self._take_due(
-                keys=[self.scheduled_jobs_key],
-                args=[repr(wake_score(now_ms)), MOVE_TAKE, Job.redis_job_namespace_prefix,
-                      WAKE_ID_PREFIX],
-            )
-            next_score, entries = taken
-            self.next_due_ms = None if not next_score else round(float(next_score) * 1000)
-            wakes: list[tuple[str, ScheduledWake]] = []
-            others: list[str] = []
-            for entry in entries:
-                job_id = entry[0].decode()
-                if len(entry) == 1:
-                    others.append(job_id)
-                    continue
-                try:
-                    job = self._restored(job_id, entry[1])
-                    if job is None:
-                        continue  # an entry without its job: dropped, as rq-scheduler does
-                    if job.func_name != WAKE_FUNC:
-                        self.enqueue_job(job)  # not ours after all: rq-scheduler's way
-                        moved += 1
-                        continue
-                    agent, target_ms = job.args
-                except redis.RedisError:
-                    raise
-                except Exception:
-                    # One unreadable job spares the rest of the chunk.
-                    log.exception("scheduled job %s is unreadable: dropped", job_id)
-                    continue
-                wakes.append((job.origin, ScheduledWake(agent, target_ms)))
-            moved += self._hand_on(wakes)
-            repeated = False
-            for job_id in others:
-                if job_id in others_moved:
-                    repeated = True  # a repeating job due again: the next pass moves it
-                    continue
-                moved += self._enqueue_other(job_id)
-                others_moved.add(job_id)
-            if len(entries) < MOVE_TAKE or repeated:
-                return moved
-
-    def _restored(self, job_id: str, flat_hash: list[bytes]) -> Job | None:
-        if not flat_hash:
-            return None
-        job = Job(id=job_id, connection=self.connection)
-        job.restore(dict(zip(flat_hash[::2], flat_hash[1::2], strict=True)))
-        return job
-
-    def _hand_on(self, wakes: list[tuple[str, ScheduledWake]]) -> int:
-        """Enqueue taken wakes in one pipelined write: per queue, in target order, in
-        ``wake_batch`` jobs sized to the queue's workers (``move_batch_size``)."""
-        if not wakes:
-            return 0
-        by_queue: dict[str, list[ScheduledWake]] = {}
-        for queue_name, wake in wakes:
-            by_queue.setdefault(queue_name, []).append(wake)
-        sizes = {name: move_batch_size(len(items), self._worker_count(name))
-                 for name, items in by_queue.items()}
-        with self.connection.pipeline() as pipe:
-            for queue_name, items in by_queue.items():
-                items.sort(key=lambda wake: wake.target_ms)
-                size = sizes[queue_name]
-                chunks = [items[i : i + size] for i in range(0, len(items), size)]
-                Queue(queue_name, connection=self.connection).enqueue_many(
-                    [_batch_job(DueWakes(wakes=tuple(chunk))) for chunk in chunks],
-                    pipeline=pipe,
-                )
-            pipe.execute()
-        return len(wakes)
-
-    def _worker_count(self, queue_name: str) -> int:
-        """How many rq workers serve ``queue_name``, read at most every ``WORKERS_TTL_S``
-        (a worker that died unregistered still counts until rq cleans it up)."""
-        now = time.monotonic()
-        known = self._workers.get(queue_name)
-        if known is not None and now - known[0] < WORKERS_TTL_S:
-            return known[1]
-        count = int(self.connection.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue_name))
-        self._workers[queue_name] = (now, count)
-        return count
-
-    def _enqueue_other(self, job_id: str) -> int:
-        """A due job that is not a wake, moved as rq-scheduler's own pass moves it."""
-        try:
-            job = self.job_class.fetch(job_id, connection=self.connection)
-        except NoSuchJobError:
-            self.cancel(job_id)
-            return 0
-        self.enqueue_job(job)
-        return 1
-
-
-# KEYS[1] the schedule (sorted set); ARGV[1] now in epoch seconds (a decimal string, to the
-# millisecond), ARGV[2] the most entries to take, ARGV[3] rq's job key prefix, ARGV[4] the
-# wake id prefix. Returns {earliest score left or false, entries}, entries oldest first:
-# {id, flat job hash} for a wake, taken out of the schedule with its job hash deleted in
-# this same step (so only one mover pass ever hands it on); {id} for any other due job,
-# left in the schedule for rq-scheduler's own enqueue. The job hashes' keys are built from
-# ARGV[3], not declared: one Redis node, not a cluster.
-_TAKE_DUE = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-local entries = {}
-for i, id in ipairs(ids) do
-  if string.sub(id, 1, #ARGV[4]) == ARGV[4] then
-    local job_key = ARGV[3] .. id
-    local fields = redis.call('HGETALL', job_key)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('DEL', job_key)
-    entries[i] = {id, fields}
-  else
-    entries[i] = {id}
-  end
-end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {first[2] or false, entries}
-"""
 
 # The writes of arming, for many agents in one call (``WakeProjection._write_arms``): for
 # each, a scheduled rq job (the hash rq's own ``Job.save`` writes), its score in the
@@ -304,13 +120,6 @@ class _Scheduled(NamedTuple):
     args: tuple[Any, ...]
 
 
-def _batch_job(batch: WakeBatch) -> Any:
-    """The rq enqueue data of a ``wake_batch`` job."""
-    return Queue.prepare_data(
-        WAKE_BATCH_FUNC, args=(batch_payload(batch),), result_ttl=0, timeout=WAKE_TIMEOUT_S * 10
-    )
-
-
 class ArmRequest(NamedTuple):
     """One agent's wake to arm: its target (None: no wake) and its queue."""
 
@@ -327,45 +136,6 @@ class ArmFacts(NamedTuple):
     previous: str | None
     previous_score: float | None
     taken: bool
-
-
-class ScheduledWake(msgspec.Struct, frozen=True, array_like=True):
-    """A scheduled wake the mover handed on: the agent and the target it was armed for."""
-
-    agent: str
-    target_ms: int
-
-
-class DueWakes(msgspec.Struct, frozen=True, tag="due"):
-    """The mover's batch: scheduled wakes that came due, each handled on its own."""
-
-    wakes: tuple[ScheduledWake, ...]
-
-
-class ImmediateWakes(msgspec.Struct, frozen=True, tag="immediate"):
-    """A rebuild's batch: live agents woken now, decided together."""
-
-    agents: tuple[str, ...]
-
-
-WakeBatch = DueWakes | ImmediateWakes
-
-
-def batch_payload(batch: WakeBatch) -> dict[str, Any]:
-    """The rq job argument for a batch (plain JSON-able data, tagged by kind)."""
-    payload: dict[str, Any] = msgspec.to_builtins(batch)
-    return payload
-
-
-def decode_batch(payload: Any) -> WakeBatch:
-    """The batch of a ``wake_batch`` job; ``msgspec.ValidationError`` when malformed."""
-    batch: WakeBatch = msgspec.convert(payload, type=WakeBatch)
-    return batch
-
-
-def wake_job_id(agent: str, target_ms: int) -> str:
-    """``wake_<hex of agent id>_<epoch second>`` (rq ids allow only [A-Za-z0-9_-])."""
-    return f"wake_{agent.encode().hex()}_{target_ms // 1000}"
 
 
 class WakeProjection:
@@ -521,7 +291,7 @@ class WakeProjection:
                 queue = Queue(queue_name, connection=self._client)
                 batches = [agents[i : i + WAKE_BATCH] for i in range(0, len(agents), WAKE_BATCH)]
                 queue.enqueue_many(
-                    [_batch_job(ImmediateWakes(agents=tuple(batch))) for batch in batches],
+                    [batch_job(ImmediateWakes(agents=tuple(batch))) for batch in batches],
                     pipeline=pipe,
                 )
                 jobs += len(batches)

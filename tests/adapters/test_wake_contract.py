@@ -19,17 +19,14 @@ from rq.job import Job, JobStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.wake import (
-    MOVE_BATCH,
-    MOVE_TAKE,
+from dsh_schedule.shared.coordination.mover import MOVE_BATCH, MOVE_TAKE, move_batch_size
+from dsh_schedule.shared.coordination.wake import ArmRequest, WakeProjection
+from dsh_schedule.shared.coordination.wakejobs import (
     WAKE_BATCH_FUNC,
     WAKE_FUNC,
     WAKE_TIMEOUT_S,
-    ArmRequest,
     DueWakes,
-    WakeProjection,
     decode_batch,
-    move_batch_size,
     wake_job_id,
 )
 from dsh_schedule.shared.settings import Settings
