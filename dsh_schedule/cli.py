@@ -277,7 +277,7 @@ def cmd_session(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
     settings = _settings(args)
-    store = JsonlStore(settings.sessions)
+    store = JsonlStore.from_settings(settings)
     if args.session_command == "create":
         if args.time_zone is not None:
             load_zone(args.time_zone)
@@ -300,7 +300,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     if args.tool not in names:
         raise CommandError(f"call: unknown tool {args.tool!r} (one of {', '.join(names)})")
     tool_args = _tool_args(args.args_json)
-    store = JsonlStore(settings.sessions)
+    store = JsonlStore.from_settings(settings)
     if not store.exists(args.session):
         raise CommandError(
             f"call: session {args.session!r} does not exist in {str(settings.sessions)!r}"
@@ -378,8 +378,7 @@ def cmd_host(args: argparse.Namespace) -> int:
     url = _require_redis(settings, "host")
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
-    store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb,
-                       syncfs=settings.syncfs)
+    store = JsonlStore.from_settings(settings)
     _require_sessions(store, args.sessions_to_host)
     _serve_metrics(settings, "host")
     _await_redis(url, args.redis_wait, verbose=args.verbose)

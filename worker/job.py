@@ -51,8 +51,7 @@ def serving(owner: DueOwner) -> Iterator[None]:
 
 def build_owner(client: redis.Redis, settings: Settings) -> DueOwner:
     """The due owner for a deployment's settings, on the wall clock."""
-    store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb,
-                       syncfs=settings.syncfs)
+    store = JsonlStore.from_settings(settings)
     return DueOwner(store, Coordination(client, settings), settings, clock=wall_clock_ms)
 
 

@@ -98,8 +98,7 @@ class Console:
         self.settings = settings
         self.clock = clock
         self.step_s = step_s
-        self.store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb,
-                                syncfs=settings.syncfs)
+        self.store = JsonlStore.from_settings(settings)
         self.embedded = not settings.redis_url
         self.system: EmbeddedSystem | None = None
         if settings.redis_url:

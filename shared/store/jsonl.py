@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
@@ -49,6 +49,9 @@ from dsh_schedule.shared.store.sessioncache import (
 )
 from dsh_schedule.shared.store.syncfs import FileSystemSync
 
+if TYPE_CHECKING:
+    from dsh_schedule.shared.settings import Settings
+
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -68,13 +71,6 @@ def _open(path: Path, flags: int, session_id: str) -> int:
         raise missing_session(session_id) from None
     except OSError as exc:
         raise PersistenceError(f"cannot open session {session_id!r}") from exc
-
-
-def _flush_failed(session_id: str, cause: OSError) -> PersistenceError:
-    """A failed flush: the bytes stay, and may or may not be durable."""
-    error = PersistenceError(f"flush of session {session_id!r} failed")
-    error.__cause__ = cause
-    return error
 
 
 def _discard(staging: Path) -> None:
@@ -140,6 +136,12 @@ class JsonlStore:
         # worker; the paths of recent sessions are kept (a path, once formatted, keeps
         # its string).
         self._paths = functools.lru_cache(maxsize=_PATHS_KEPT)(self._new_path)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> JsonlStore:
+        """The store a deployment's settings describe: its session directory, cache budget
+        and whether ``syncfs`` may confirm a batch."""
+        return cls(settings.sessions, cache_mb=settings.cache_mb, syncfs=settings.syncfs)
 
     @property
     def root(self) -> Path:
@@ -270,7 +272,7 @@ class JsonlStore:
             self._cache.mark_flushed(session_id, stamp)
         except OSError as exc:
             # The bytes stay: they may or may not be durable; a later flush confirms them.
-            raise _flush_failed(session_id, exc) from exc
+            raise PersistenceError(f"flush of session {session_id!r} failed") from exc
         finally:
             os.close(fd)
 

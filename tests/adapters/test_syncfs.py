@@ -135,6 +135,19 @@ def test_syncfs_off_flushes_each_file(tmp_path: Path) -> None:
     assert (store.syncfs_calls, store.fsyncs) == (0, 3)
 
 
+def test_a_store_from_settings_keeps_their_syncfs_and_cache(tmp_path: Path) -> None:
+    # given settings that turn syncfs off, and a store built from them
+    env = {"DSH_SCHEDULE_SESSIONS": str(tmp_path), "DSH_SCHEDULE_SYNCFS": "off",
+           "DSH_SCHEDULE_CACHE_MB": "3"}
+    store = CountingStore.from_settings(Settings.from_env(env))
+    ids = _sessions(store, 3)
+    # then it flushes each file, and keeps its sessions within that budget
+    assert flush_each(store, ids) == {}
+    assert (store.syncfs_calls, store.fsyncs) == (0, 3)
+    assert store.root == tmp_path
+    assert store.cache_stats().budget_bytes == 3 * 1024 * 1024
+
+
 def test_a_closed_store_flushes_each_file(tmp_path: Path) -> None:
     store = CountingStore(tmp_path)
     ids = _sessions(store, 3)
