@@ -22,10 +22,18 @@ def format_instant(ms: int) -> str:
     """Render epoch milliseconds as the canonical UTC string; ValueError out of range."""
     if not MIN_MS <= ms <= MAX_MS:
         raise ValueError("instant out of range")
-    dt = _EPOCH + timedelta(milliseconds=ms)
+    second, milli = divmod(ms, 1000)
+    return f"{_second_text(second)}.{milli:03d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second_text(second: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` of an epoch second: the instants a burst renders share a
+    few seconds."""
+    dt = _EPOCH + timedelta(seconds=second)
     return (
         f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:"
-        f"{dt.second:02d}.{dt.microsecond // 1000:03d}Z"
+        f"{dt.second:02d}"
     )
 
 

@@ -286,6 +286,12 @@ class JsonlStore:
         failed: dict[str, PersistenceError] = {}
         changed: list[tuple[str, tuple[int, ...]]] = []
         for session_id in ids:
+            # A file this store changed since its last flush needs no ``stat``: the stamp
+            # its own change left is what the sync will confirm, at least.
+            known = self._cache.changed_since_flush(session_id)
+            if known is not None:
+                changed.append((session_id, known))
+                continue
             try:
                 stamp = self._stamp(session_id)
             except PersistenceError as exc:

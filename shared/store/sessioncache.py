@@ -43,6 +43,10 @@ _EVENT_BYTES: Final = 400  # one parsed event of the window, plus twice its line
 _LINE_FACTOR: Final = 2
 _MARK_BYTES: Final = 8
 
+# The digest of an entry with no header yet. Shared, and never fed: events come only after
+# a header, and the header brings the entry its own digest (``_take``).
+_NO_DIGEST: Final = LogDigest(0)
+
 
 class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     """How full a ``SessionCache`` is: entries and their accounted bytes."""
@@ -80,7 +84,7 @@ class CachedSession:
         self.offset = 0
         self.header: SessionHeader | None = None
         self.header_end = 0
-        self.digest = LogDigest(0)
+        self.digest = _NO_DIGEST
         # Never shrunk in place: a handed-out FileEvents reads them up to its own length.
         self.marks: array[int] = array("q")
         self.recent: list[Event] = []
@@ -285,6 +289,17 @@ class SessionCache:
         with self._lock:
             entry = self._entries.get(session_id)
             return None if entry is None else entry.flushed
+
+    def changed_since_flush(self, session_id: str) -> tuple[int, ...] | None:
+        """The file's stamp as the entry last matched it, when that is known and differs
+        from the stamp at the last successful fsync: the file changed since, so it needs
+        one. None when that is not known (whether the file changed takes a ``stat``)."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is None:
+                return None
+            synced = entry.synced
+            return synced if synced is not None and synced != entry.flushed else None
 
     def mark_flushed(self, session_id: str, stamp: tuple[int, ...]) -> None:
         """Remember a successful fsync (only for a session the cache holds)."""

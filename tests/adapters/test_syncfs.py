@@ -33,6 +33,11 @@ class CountingStore(JsonlStore):
         self.fsyncs = 0
         self.syncfs_calls = 0
         self.fsync_fails: set[int] = set()
+        self.stats = 0
+
+    def _stamp(self, session_id: str) -> tuple[int, ...]:
+        self.stats += 1
+        return super()._stamp(session_id)
 
     def _fsync(self, fd: int) -> None:
         self.fsyncs += 1
@@ -93,6 +98,26 @@ def test_a_batch_of_changed_files_is_confirmed_by_one_syncfs(tmp_path: Path) -> 
     _append(store, ids[2])  # one changed file: the batch syncs for it alone
     assert flush_each(store, ids) == {}
     assert (store.syncfs_calls, store.fsyncs) == (2, 0)
+
+
+def test_a_file_this_store_changed_is_confirmed_without_a_stat(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path)
+    ids = _sessions(store, 3)
+    assert flush_each(store, ids) == {}
+    for session_id in ids:
+        _append(store, session_id)
+    store.stats = 0
+
+    # Its own appends left their stamps: one sync, and no stat.
+    assert flush_each(store, ids) == {}
+    assert (store.syncfs_calls, store.stats) == (2, 0)
+
+    # Unchanged by this store since: whether another writer changed a file takes a stat.
+    assert flush_each(store, ids) == {}
+    assert (store.syncfs_calls, store.stats) == (2, 3)
+    _append(JsonlStore(tmp_path), ids[1])
+    assert flush_each(store, ids) == {}
+    assert store.syncfs_calls == 3
 
 
 def test_a_missing_session_fails_alone_and_the_others_are_confirmed(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hypothesis import given, settings
@@ -101,6 +102,19 @@ def test_decode_inverts_encode(change: Change) -> None:
     assert decoded == change
     assert decode_change(encode_change(change)) == change
     assert json.dumps(encode_change(decoded), ensure_ascii=False, separators=(",", ":")) == line
+
+
+@PROPERTY
+@given(st.integers(MIN_MS, MAX_MS))
+def test_an_instant_renders_as_its_datetime_and_parses_back(ms: int) -> None:
+    # given any instant of years 0001-9999, before the epoch or after it
+    text = format_instant(ms)
+
+    # then it is its datetime to the millisecond, and parses back to itself
+    d = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    assert text == (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:"
+                    f"{d.second:02d}.{d.microsecond // 1000:03d}Z")
+    assert parse_instant(text) == ms
 
 
 @dataclass
