@@ -19,6 +19,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 import redis
+from redis.connection import Connection
 
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.settings import Settings
@@ -177,3 +178,18 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Counts what is sent to Redis: one packed send is one round trip (a pipeline's
+    commands go in one)."""
+    sent = [0]
+    original = Connection.send_packed_command
+
+    def counting(self: Connection, command: object, check_health: bool = True) -> None:
+        sent[0] += 1
+        original(self, command, check_health)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Connection, "send_packed_command", counting)
+    yield sent

@@ -192,6 +192,21 @@ class HostBridge:
         self._coord.forget_agent(agent, lock_wait_s=self._settings.tool_lock_wait_s)
         self._ledgers.forget(agent)
 
+    def dispose_many(self, agents: Sequence[str]) -> list[str]:
+        """``dispose`` for many agents, in a few round trips whatever their number (the
+        caller bounds the batch). Returns the agents whose lock stayed busy: nothing of
+        theirs was forgotten in Redis (their leases run out)."""
+        with self._state:
+            for agent in agents:
+                self._served.discard(agent)
+                self._due.pop(agent, None)
+        try:
+            return self._coord.forget_agents(agents,
+                                             lock_wait_s=self._settings.tool_lock_wait_s)
+        finally:
+            for agent in agents:
+                self._ledgers.forget(agent)
+
     # -- which agents to look at ------------------------------------------------------
 
     def ready(self, timeout_s: float) -> list[str]:

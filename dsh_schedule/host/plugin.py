@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import redis
 
@@ -28,6 +28,9 @@ from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
+
+# Agents disposed of together: a few round trips each, whatever the number of agents.
+DISPOSE_BATCH: Final = 1000
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +137,17 @@ class SchedulePlugin:
             self._unsubscribe()
             self._unsubscribe = None
         self.tools.close()
-        for agent in self.installed:
+        # Their leases run out, and the reconcile pass removes the rest, for the agents
+        # not disposed of cleanly.
+        for start in range(0, len(self.installed), DISPOSE_BATCH):
+            batch = self.installed[start:start + DISPOSE_BATCH]
             try:
-                self.bridge.dispose(agent)  # waits for the agent's transaction in flight
+                # Waits for each agent's transaction in flight.
+                left = self.bridge.dispose_many(batch)
             except Exception:
-                # Its lease runs out; the reconcile pass removes the rest.
-                log.warning("could not dispose of %s cleanly", agent, exc_info=True)
+                log.warning("could not dispose of %d agent(s) cleanly", len(batch),
+                            exc_info=True)
+                continue
+            for agent in left:
+                log.warning("could not dispose of %s cleanly: its lock stayed busy", agent)
         self.installed.clear()

@@ -40,8 +40,9 @@ POLL_S: Final = 0.01
 HOST_POLL_S: Final = 0.05
 # However far the run's deadline is, a wait may still take this long (cleanup included).
 GRACE_S: Final = 10.0
-# A host process of many agents forgets each of them in Redis when it stops; the run
-# deletes its keys anyway, so the host gets this long and is then killed.
+# A host process forgets its agents in Redis when it stops (a thousand at a time, well
+# under a second for 10,000); the run deletes its keys anyway, so a host that takes
+# longer than this is killed.
 HOST_STOP_S: Final = 10.0
 
 

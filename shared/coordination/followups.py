@@ -360,7 +360,12 @@ class Followups:
             pipe.execute()
 
     def drop(self, agent: str) -> None:
-        self._client.delete(self._keys.followups(agent))
+        self.drop_many([agent])
+
+    def drop_many(self, agents: Sequence[str]) -> None:
+        """Delete the followup streams of many agents, in one round trip."""
+        if agents:
+            self._client.delete(*(self._keys.followups(agent) for agent in agents))
 
     def waiting(self, agent: str) -> int:
         """How many entries the stream holds (delivered to a consumer or not)."""

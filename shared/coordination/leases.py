@@ -152,7 +152,13 @@ class Leases:
         return [m.decode() for m in members]
 
     def drop(self, agent: str) -> None:
+        self.drop_many([agent])
+
+    def drop_many(self, agents: Sequence[str]) -> None:
+        """End the leases of many agents, in one round trip."""
+        if not agents:
+            return
         with self._client.pipeline() as pipe:
-            pipe.zrem(self._keys.live(), agent)
-            pipe.hdel(self._keys.lease_queue(), agent)
+            pipe.zrem(self._keys.live(), *agents)
+            pipe.hdel(self._keys.lease_queue(), *agents)
             pipe.execute()

@@ -115,4 +115,9 @@ class AgentPhase:
         return value.decode() if isinstance(value, bytes) else None
 
     def forget(self, agent: str) -> None:
-        self._client.delete(*self._args(agent))
+        self.forget_many([agent])
+
+    def forget_many(self, agents: Sequence[str]) -> None:
+        """Drop the phase keys of many agents, in one round trip."""
+        if agents:
+            self._client.delete(*(key for agent in agents for key in self._args(agent)))

@@ -299,8 +299,22 @@ class WakeProjection:
         return jobs
 
     def cancel(self, agent: str) -> None:
-        """Remove the agent's current wake (disposal)."""
-        run_script_batch(self._client, _RETIRE, [self._retire_item(agent, self.current(agent))])
+        """Remove the agent's current wake (disposal). Hold the lock."""
+        self.cancel_many([agent])
+
+    def cancel_many(self, agents: Sequence[str]) -> None:
+        """``cancel`` for many agents, whose locks are held: one round trip reads their
+        current wakes, one more removes them (one script call per hundred)."""
+        if not agents:
+            return
+        with self._client.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.get(self._keys.current_wake(agent))
+            found = pipe.execute()
+        run_script_batch(self._client, _RETIRE, [
+            self._retire_item(agent, current.decode() if isinstance(current, bytes) else None)
+            for agent, current in zip(agents, found, strict=True)
+        ])
 
     def move_due(self, now_ms: int | None = None) -> int:
         """One mover pass: hand every wake whose target is at or before ``now_ms`` (default:

@@ -13,7 +13,6 @@ import msgspec
 import pytest
 import redis
 from redis.client import Pipeline
-from redis.connection import Connection
 
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.shared.coordination.keys import Keys
@@ -155,21 +154,6 @@ def test_a_fence_conflict_in_a_batch_re_decides_that_agent_alone(
     # Two entries were written (the batch's, then the re-decided one); one is delivered.
     assert len(reminder_texts(store, "contested")) == 1
     assert len(reminder_texts(store, "plain")) == 1
-
-
-@pytest.fixture
-def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Counts what is sent to Redis: one packed send is one round trip (a pipeline's
-    commands go in one)."""
-    sent = [0]
-    original = Connection.send_packed_command
-
-    def counting(self: Connection, command: object, check_health: bool = True) -> None:
-        sent[0] += 1
-        original(self, command, check_health)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Connection, "send_packed_command", counting)
-    yield sent
 
 
 @pytest.fixture

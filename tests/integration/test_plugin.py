@@ -143,3 +143,45 @@ def test_renewal_grants_every_lease_in_one_batch_and_wakes_the_new_ones_together
     woken = [decode_batch(job.args[0]) for job in queue.jobs]
     assert woken == [ImmediateWakes(agents=tuple(names))]
     assert all(coordination.leases.is_live(n, now_ms=clock()) for n in names)
+
+
+def _plugin_with_reminders(real_redis: redis.Redis, settings: Settings, store: MemoryStore,
+                           names: list[str]) -> tuple[SchedulePlugin, Coordination]:
+    coordination = Coordination(real_redis, settings)
+    plugin = SchedulePlugin(store=store, coordination=coordination, settings=settings,
+                            clock=FakeClock())
+    registry = AgentRegistry()
+    plugin.load(registry)
+    for name in names:
+        new_session(store, name)
+        agent = Agent(name)
+        registry.publish(agent)
+        _d, create = agent.tools["schedule_create"]
+        assert not create({"prompt": "x", "after_seconds": 600}).is_error
+    return plugin, coordination
+
+
+def test_disposing_many_agents_costs_the_same_round_trips_and_forgets_each(
+    real_redis: redis.Redis, settings: Settings, store: MemoryStore,
+    round_trips: list[int],
+) -> None:
+    def round_trips_to_dispose(names: list[str]) -> int:
+        plugin, coordination = _plugin_with_reminders(real_redis, settings, store, names)
+        for name in names:
+            coordination.followups.add(name, "text", [])
+        agent_keys = [key for name in names for key in (
+            coordination.keys.current_wake(name), coordination.keys.followups(name))]
+        assert real_redis.exists(*agent_keys) == len(agent_keys)
+        before = round_trips[0]
+        plugin.dispose()
+        trips = round_trips[0] - before
+        assert real_redis.exists(*agent_keys) == 0
+        assert real_redis.zmscore(coordination.keys.live(), names) == [None] * len(names)
+        assert real_redis.hmget(coordination.keys.lease_queue(), names) == [None] * len(names)
+        return trips
+
+    few = round_trips_to_dispose([f"few{i}" for i in range(3)])
+    many = round_trips_to_dispose([f"many{i}" for i in range(60)])
+    assert many == few <= 8, (few, many)  # locks taken and released, five drops
+    assert not real_redis.zcard(Coordination(real_redis, settings).wakes.scheduler
+                                .scheduled_jobs_key)
