@@ -1,0 +1,246 @@
+"""The subcommands on session logs and tools, and the long-running processes
+(docs/architecture.md#processes-and-cli): each imports what it needs when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dsh_schedule.cli.common import (
+    EXIT_TOOL_ERROR,
+    CommandError,
+    await_redis,
+    dump,
+    require_redis,
+    serve_metrics,
+    settings_of,
+    tool_args,
+)
+from dsh_schedule.shared.clock import wall_clock_ms
+
+if TYPE_CHECKING:
+    from dsh_schedule.shared.store.jsonl import JsonlStore
+
+# -- read-only commands on the pure core ----------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
+    from dsh_schedule.shared.core.fold import fold
+    from dsh_schedule.shared.store.jsonl import read_session_file
+
+    status = 0
+    for name in args.files:
+        try:
+            session = read_session_file(Path(name))
+            fold(session.events, session.seed_length)
+        except (ScheduleLogError, PersistenceError, ValueError) as exc:
+            print(f"{name}: {exc}")
+            status = 1
+        else:
+            print(f"{name}: ok")
+    return status
+
+
+def cmd_fold(args: argparse.Namespace) -> int:
+    from dsh_schedule.shared.core.fold import fold
+    from dsh_schedule.shared.core.views import list_value, render
+    from dsh_schedule.shared.store.jsonl import read_session_file
+
+    session = read_session_file(Path(args.file))
+    now = wall_clock_ms() if args.now is None else args.now
+    print(render(list_value(fold(session.events, session.seed_length), now)))
+    return 0
+
+
+def cmd_present(args: argparse.Namespace) -> int:
+    from dsh_schedule.shared.core.presentation import receipt_value, reminder_presentation
+    from dsh_schedule.shared.core.views import render
+    from dsh_schedule.shared.store.jsonl import read_session_file
+
+    session = read_session_file(Path(args.file))
+    shown = reminder_presentation(session.events, args.seq, session.seed_length)
+    # An event that is no dispatch has no receipt: its receipt value is null.
+    print(render(None if shown is None else receipt_value(shown)))
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from dsh_schedule.shared.core import catalog
+
+    exporters = {
+        "catalog": catalog.catalog_json,
+        "openai": catalog.openai_tools,
+        "anthropic": catalog.anthropic_tools,
+    }
+    print(json.dumps(exporters[args.format](), ensure_ascii=False, indent=2))
+    return 0
+
+
+# -- sessions and tools ---------------------------------------------------------------
+
+
+def cmd_session(args: argparse.Namespace) -> int:
+    from dsh_schedule.shared.core.events import SessionHeader
+    from dsh_schedule.shared.core.timesel import load_zone
+    from dsh_schedule.shared.store.jsonl import JsonlStore
+
+    settings = settings_of(args)
+    store = JsonlStore.from_settings(settings)
+    if args.session_command == "create":
+        if args.time_zone is not None:
+            load_zone(args.time_zone)
+        store.create(
+            SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
+        )
+        print(args.id)
+    else:
+        header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())
+        print(f"{header.id} (seedLength {header.seedLength})")
+    return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    from dsh_schedule.shared.core.catalog import tool_definitions
+    from dsh_schedule.shared.store.jsonl import JsonlStore
+
+    settings = settings_of(args)
+    names = [tool.name for tool in tool_definitions()]
+    if args.tool not in names:
+        raise CommandError(f"call: unknown tool {args.tool!r} (one of {', '.join(names)})")
+    arguments = tool_args(args.args_json)
+    store = JsonlStore.from_settings(settings)
+    if not store.exists(args.session):
+        raise CommandError(
+            f"call: session {args.session!r} does not exist in {str(settings.sessions)!r}"
+        )
+    if settings.redis_url:
+        await_redis(settings.redis_url, args.redis_wait, verbose=args.verbose)
+    else:
+        print("dsh-schedule call: no Redis URL; using an embedded Redis, no wake is armed",
+              file=sys.stderr)
+
+    from dsh_schedule.host.tools import ScheduleTools
+    from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.coordination.connection import connect
+
+    coordination = Coordination(connect(settings.redis_url), settings)
+    tools = ScheduleTools(store, coordination, settings=settings, clock=wall_clock_ms)
+    result = tools.call(args.session, args.tool, arguments)
+    print(result.content)
+    return EXIT_TOOL_ERROR if result.is_error else 0
+
+
+# -- long-running processes -----------------------------------------------------------
+
+
+def stop_while_starting() -> None:
+    """A SIGTERM or SIGINT before the process's own loop has taken over (while it imports
+    or waits for Redis) ends it cleanly: exit 0, as a stop during the loop would."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    stop_while_starting()
+    settings = settings_of(args)
+    serve_metrics(settings, "worker")
+    await_redis(require_redis(settings, "worker"), args.redis_wait, verbose=args.verbose)
+    from dsh_schedule.worker.process import run_worker
+
+    return run_worker(settings, burst=args.burst)
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    stop_while_starting()
+    settings = settings_of(args)
+    serve_metrics(settings, "scheduler")
+    await_redis(require_redis(settings, "scheduler"), args.redis_wait, verbose=args.verbose)
+    from dsh_schedule.scheduler.process import run_scheduler
+
+    return run_scheduler(settings)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    settings = settings_of(args)
+    url = require_redis(settings, "rebuild")
+    await_redis(url, args.redis_wait, verbose=args.verbose)
+    import redis
+
+    from dsh_schedule.scheduler.process import rebuild
+    from dsh_schedule.shared.coordination.agents import Coordination
+
+    coordination = Coordination(redis.Redis.from_url(url), settings)
+    report = rebuild(coordination, settings, now_ms=wall_clock_ms())
+    dump({"woken": list(report.woken), "retired": list(report.retired)})
+    return 0
+
+
+def cmd_host(args: argparse.Namespace) -> int:
+    stop_while_starting()
+    settings = settings_of(args)
+    url = require_redis(settings, "host")
+    from dsh_schedule.shared.store.jsonl import JsonlStore
+
+    store = JsonlStore.from_settings(settings)
+    _require_sessions(store, args.sessions_to_host)
+    serve_metrics(settings, "host")
+    await_redis(url, args.redis_wait, verbose=args.verbose)
+    import threading
+
+    import redis
+
+    from dsh_schedule.host.reference import ReferenceHost
+    from dsh_schedule.shared.coordination.agents import Coordination
+
+    coordination = Coordination(redis.Redis.from_url(url), settings)
+    host = ReferenceHost(
+        store,
+        coordination,
+        settings,
+        on_delivery=lambda session, d: print(f"{session}: delivered {d.text!r}", flush=True),
+    )
+    host.open_roots(args.sessions_to_host)
+    from dsh_schedule.shared.collector import tune_for_service
+
+    tune_for_service()
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    import signal
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    try:
+        host.run(stop)
+    finally:
+        host.close()
+    return 0
+
+
+def _require_sessions(store: JsonlStore, sessions: Sequence[str]) -> None:
+    """A host serves only sessions that exist: one that does not is a mistyped id or the
+    wrong directory, and serving nothing for it would hide that."""
+    missing: list[str] = []
+    for session_id in sessions:
+        try:
+            if not store.exists(session_id):
+                missing.append(session_id)
+        except ValueError:
+            raise CommandError(f"host: {session_id!r} is not a valid session id") from None
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:3]) + (" and more" if len(missing) > 3 else "")
+        raise CommandError(f"host: {len(missing)} session(s) do not exist in "
+                           f"{str(store.root)!r}: {shown} (create them with "
+                           "'dsh-schedule session create ID')")

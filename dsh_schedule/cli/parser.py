@@ -1,0 +1,287 @@
+"""The ``dsh-schedule`` parser and ``main`` (docs/architecture.md#processes-and-cli)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final, NoReturn
+
+from dsh_schedule.cli.commands import (
+    cmd_call,
+    cmd_catalog,
+    cmd_check,
+    cmd_fold,
+    cmd_host,
+    cmd_present,
+    cmd_rebuild,
+    cmd_scheduler,
+    cmd_session,
+    cmd_worker,
+)
+from dsh_schedule.cli.common import (
+    EXIT_BAD_INPUT,
+    ONE_SHOT_REDIS_WAIT_S,
+    CommandError,
+    count_arg,
+    instant_arg,
+    port_arg,
+    seconds_arg,
+)
+from dsh_schedule.cli.ops import cmd_health, cmd_status, cmd_web
+from dsh_schedule.shared.settings import LOG_LEVELS, LogSettings, SettingsError
+
+# -- parser ---------------------------------------------------------------------------
+
+# Subcommands whose arguments are defined by a module that loads Redis and rq on import:
+# that module is imported only when its subcommand is the one being run.
+_ELSEWHERE: Final = {
+    "demo": "dsh_schedule.demo",
+    "loadtest": "dsh_schedule.loadtest.command",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line on stderr too, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"dsh-schedule: {message} (see {self.prog} --help)\n")
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default,
+                         nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from dsh_schedule import __version__
+
+        sys.stdout.write(f"dsh-schedule {__version__}\n")
+        parser.exit()
+
+
+def _verbose(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    # After a subcommand the flag is accepted too, without resetting one given before it.
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging",
+                        default=False if top else argparse.SUPPRESS)
+
+
+def _level_arg(text: str) -> str:
+    name = text.strip().upper()
+    name = "WARNING" if name == "WARN" else name
+    if name not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level (one of {', '.join(LOG_LEVELS)})"
+        )
+    return name
+
+
+def _logging_flags(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``, ``--log-level`` and ``--rq-log-level`` (over the
+    ``DSH_SCHEDULE_LOG_*`` variables; docs/architecture.md#operations)."""
+    parser.add_argument("--log-format", choices=["text", "json"],
+                        help="log lines as text or as one JSON object each "
+                        "(default: DSH_SCHEDULE_LOG_FORMAT, else text)")
+    parser.add_argument("--log-level", type=_level_arg, metavar="LEVEL",
+                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL "
+                        "(default: DSH_SCHEDULE_LOG_LEVEL, else INFO; -v is DEBUG)")
+    parser.add_argument("--rq-log-level", type=_level_arg, metavar="LEVEL",
+                        help="the level of rq's own lines, e.g. WARNING to drop its lines "
+                        "per job (default: DSH_SCHEDULE_RQ_LOG_LEVEL, else --log-level)")
+
+
+def _metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at /metrics on this port "
+                        "(default: DSH_SCHEDULE_METRICS_PORT, else off)")
+    parser.add_argument("--metrics-addr", metavar="ADDR",
+                        help="the address the metrics endpoint binds "
+                        "(default: DSH_SCHEDULE_METRICS_ADDR, else 0.0.0.0)")
+
+
+def _common(parser: argparse.ArgumentParser, *, redis: bool = True,
+            redis_wait_s: float | None = None) -> None:
+    _verbose(parser)
+    if redis:
+        _logging_flags(parser)
+    parser.add_argument("--sessions", type=Path, help="session log directory")
+    if redis:
+        parser.add_argument("--redis", help="Redis URL (default: DSH_SCHEDULE_REDIS_URL)")
+        parser.add_argument("--queue", help="rq queue name")
+        parser.add_argument("--prefix", help="Redis key prefix")
+        parser.add_argument(
+            "--redis-wait", type=seconds_arg, default=redis_wait_s, metavar="SECONDS",
+            help="how long to wait at start-up for Redis to answer before exiting 2 "
+            f"(default: {'for ever' if redis_wait_s is None else f'{redis_wait_s:g} s'})",
+        )
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand in ``argv``: the first word that is no option (the top-level
+    options take no values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser for ``argv``; the arguments of ``demo`` and ``loadtest`` are defined
+    only when ``argv`` runs one of them."""
+    command = _command_of(argv)
+    parser = _Parser(
+        prog="dsh-schedule",
+        description="Durable reminder tools for LLM agents: inspect session logs, run tool "
+        "calls, and run the worker, scheduler and reference host "
+        "(docs/architecture.md#processes-and-cli).",
+    )
+    _verbose(parser, top=True)
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("check", help="check session logs against the v1 invariant")
+    _verbose(p)
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("fold", help="print the schedule_list value of a log")
+    _verbose(p)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--now", type=instant_arg, metavar="INSTANT",
+                   help="an RFC 3339 instant with an offset, such as 2030-01-01T00:00:00Z "
+                   "(default: the wall clock)")
+    p.set_defaults(func=cmd_fold)
+    p = sub.add_parser("present", help="print the receipt of a dispatch event (null for "
+                       "an event that is no dispatch)")
+    _verbose(p)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("seq", type=int, metavar="SEQ")
+    p.set_defaults(func=cmd_present)
+    p = sub.add_parser("catalog", help="print the tool definitions")
+    _verbose(p)
+    p.add_argument("--format", choices=["catalog", "openai", "anthropic"], default="catalog")
+    p.set_defaults(func=cmd_catalog)
+
+    p = sub.add_parser("session", help="create or fork JSONL sessions")
+    _common(p, redis=False)
+    session_sub = p.add_subparsers(dest="session_command", required=True)
+    c = session_sub.add_parser("create")
+    c.add_argument("id")
+    c.add_argument("--time-zone")
+    f = session_sub.add_parser("fork")
+    f.add_argument("parent")
+    f.add_argument("child")
+    for subparser in (c, f):
+        _verbose(subparser)
+        # Accepted after the subcommand too, without overriding one given before it.
+        subparser.add_argument("--sessions", type=Path, default=argparse.SUPPRESS,
+                               help="session log directory")
+    p.set_defaults(func=cmd_session)
+
+    p = sub.add_parser("call", help="run one tool call as the host would")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("tool", metavar="TOOL", help="a tool name that `dsh-schedule catalog` lists")
+    p.add_argument("args_json", nargs="?", metavar="ARGS_JSON",
+                   help="the tool's arguments as a JSON object (default: {})")
+    p.set_defaults(func=cmd_call)
+
+    p = sub.add_parser("worker", help="serve wakes (rq SimpleWorker)")
+    _common(p)
+    _metrics_flags(p)
+    p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    p.set_defaults(func=cmd_worker)
+    p = sub.add_parser("scheduler", help="move due wakes; rebuild and reconcile")
+    _common(p)
+    _metrics_flags(p)
+    p.set_defaults(func=cmd_scheduler)
+    p = sub.add_parser("rebuild", help="one rebuild pass")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.set_defaults(func=cmd_rebuild)
+
+    for name, helptext in (
+        ("demo", "the whole system on embedded defaults, as a timeline"),
+        ("loadtest", "load test on the embedded Redis or a real one"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        _verbose(p)
+        _logging_flags(p)
+        if name == command:
+            module = importlib.import_module(_ELSEWHERE[name])
+            module.add_arguments(p)
+            p.set_defaults(func=module.run)
+
+    p = sub.add_parser("host", help="run the reference host for sessions")
+    _common(p)
+    _metrics_flags(p)
+    p.add_argument("sessions_to_host", nargs="+", metavar="SESSION")
+    p.set_defaults(func=cmd_host)
+
+    p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
+                       "(embedded without a Redis URL)")
+    _common(p)
+    p.add_argument("--port", type=port_arg, default=8321, metavar="PORT",
+                   help="the port to listen on (default: 8321; 0: any free port)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="the address to listen on (default: 127.0.0.1)")
+    p.set_defaults(func=cmd_web)
+
+    p = sub.add_parser("status", help="live agents, wakes, followups, workers and the "
+                       "scheduler heartbeat")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--next", type=count_arg, default=5, metavar="N",
+                   help="how many of the next scheduled wakes to show (default: 5)")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("health", help="exit 0 when the scheduler heartbeat is fresh and "
+                       "every queue with live agents (and the one --queue names) has a "
+                       "worker, else 1 saying why")
+    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    p.add_argument("--json", action="store_true", help='{"ok":…,"reason":…}')
+    p.set_defaults(func=cmd_health)
+    return parser
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Flags over ``-v`` over the ``DSH_SCHEDULE_LOG_*`` variables; SettingsError for a
+    variable that names no format or level."""
+    from dsh_schedule.shared.logging_setup import configure
+
+    level_flag = getattr(args, "log_level", None)
+    options = LogSettings.from_env(
+        format=getattr(args, "log_format", None),
+        level=level_flag,
+        rq_level=getattr(args, "rq_log_level", None),
+    )
+    configure(options, level="DEBUG" if args.verbose and level_flag is None else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    try:
+        _configure_logging(args)
+    except SettingsError as exc:
+        print(f"dsh-schedule: bad setting: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
+
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except CommandError as exc:
+        print(f"dsh-schedule: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SettingsError as exc:
+        print(f"dsh-schedule: bad setting: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ToolError as exc:
+        print(f"dsh-schedule: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (ScheduleLogError, PersistenceError) as exc:
+        print(f"dsh-schedule: {exc}", file=sys.stderr)
+        return 1
+    return result
