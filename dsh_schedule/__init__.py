@@ -24,7 +24,8 @@ if TYPE_CHECKING:
         AsyncScheduleTools,
         AsyncToolHandler,
     )
-    from dsh_schedule.host.bridge import Delivery, HostBridge
+    from dsh_schedule.host.bridge import HostBridge
+    from dsh_schedule.host.gate import Delivery
     from dsh_schedule.host.plugin import (
         AgentEvents,
         AgentHandle,
@@ -64,7 +65,7 @@ _HOMES: Final[dict[str, str]] = {
     "ToolHandler": "dsh_schedule.host.plugin",
     "ScheduleTools": "dsh_schedule.host.tools",
     "HostBridge": "dsh_schedule.host.bridge",
-    "Delivery": "dsh_schedule.host.bridge",
+    "Delivery": "dsh_schedule.host.gate",
     "ReferenceHost": "dsh_schedule.host.reference",
     "JsonlStore": "dsh_schedule.shared.store.jsonl",
     "MemoryStore": "dsh_schedule.shared.store.memory",

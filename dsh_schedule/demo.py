@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dsh_schedule.embedded import EmbeddedSystem
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.scheduler.process import rebuild
 from dsh_schedule.shared.clock import wall_clock_ms

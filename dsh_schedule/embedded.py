@@ -14,7 +14,7 @@ from collections.abc import Callable
 import redis
 from rq import Queue
 
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.scheduler.process import RebuildReport, rebuild
 from dsh_schedule.shared.coordination.agents import Coordination

@@ -36,7 +36,8 @@ import redis
 import redis.asyncio
 
 from dsh_schedule import status
-from dsh_schedule.host.bridge import Delivery, HostBridge, TurnBusy
+from dsh_schedule.host.bridge import HostBridge, TurnBusy
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.plugin import AgentHandle, CompositionError, SchedulePlugin, ToolHandler
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.clock import Clock, wall_clock_ms

@@ -1,11 +1,9 @@
 """The host bridge (docs/architecture.md#hosts-followups-and-rebuild): leases, agent phase for
-turns, the ready stream, the followup delivery gate.
+turns, the ready stream, and the followup delivery gate (``gate.DeliveryGate``).
 
 A host keeps a lease per installed root agent, marks its turns in the agent phase, and
-consumes the agent's followup stream. An entry is delivered into the session only when
-the log holds a dispatch for each of its reminders and no delivered message covers them;
-otherwise it is dropped. Either way it is acknowledged and deleted, so delivery into the
-session is exactly once per dispatch, whatever Redis or a crashed worker did.
+consumes the agent's followup stream through the gate, which delivers each dispatch into
+the session exactly once.
 
 Which agents to look at is pushed, not polled: ``ready(timeout_s)`` is one blocking read of
 the ready stream of the host's queue, on which every followup entry announces its agent in
@@ -17,10 +15,6 @@ announcement the bridge never sees (it was trimmed, the host holding it died, Re
 it) leaves its entry in the agent's stream; once that entry is older than
 ``followup_stale_s`` the scheduler's reconcile pass wakes the agent, and its re-arm
 announces it again.
-
-When metrics are on, each gate decision counts as delivered or dropped, and a delivered
-message's lateness (its append minus its earliest occurrence) is observed at the stage
-``session`` (docs/architecture.md#operations).
 """
 
 from __future__ import annotations
@@ -32,66 +26,20 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-import msgspec
 import redis
 
+from dsh_schedule.host.gate import Delivery, DeliveryGate, DeliveryRound
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.followups import (
-    READY_START,
-    FollowupEntry,
-    Pair,
-    StreamRead,
-)
-from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.coordination.followups import READY_START
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
-from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
-from dsh_schedule.shared.core.ledger import LedgerCache, reminder_source
-from dsh_schedule.shared.fencing import retry_fenced
-from dsh_schedule.shared.logging_setup import log_context
+from dsh_schedule.shared.core.ledger import LedgerCache
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
-
-
-class Delivery(msgspec.Struct, frozen=True, kw_only=True):
-    """A followup delivered into the session as the user/message of a new turn."""
-
-    text: str
-    pairs: tuple[Pair, ...]
-    turn: int
-    events: tuple[Event, ...]
-
-
-class DeliveryRound(msgspec.Struct, frozen=True, kw_only=True):
-    """What one ``deliver_many`` did, agent by agent.
-
-    ``delivered``: the agents given a followup now (at most one each); ``again``: the
-    agents that decided entries (delivered or dropped) and may have more; ``empty``:
-    nothing for this consumer to read now (another consumer may hold an entry: look at
-    them alone); ``busy``: their lock was held; ``failed``: their delivery failed (logged;
-    their entries stay unacknowledged)."""
-
-    delivered: dict[str, Delivery]
-    again: tuple[str, ...]
-    empty: tuple[str, ...]
-    busy: tuple[str, ...]
-    failed: tuple[str, ...]
-
-
-class _Decided:
-    """What a ``deliver_many`` round decided so far."""
-
-    def __init__(self) -> None:
-        self.delivered: dict[str, Delivery] = {}
-        self.entries: list[tuple[str, str]] = []  # (agent, entry id) to acknowledge
-        self.again: list[str] = []
-        self.busy: list[str] = []
-        self.failed: list[str] = []
 
 
 class TurnBusy(Exception):
@@ -114,6 +62,8 @@ class HostBridge:
         self._clock = clock
         self.consumer = consumer or f"host-{uuid.uuid4().hex[:12]}"
         self._ledgers = LedgerCache()
+        self._gate = DeliveryGate(store, coordination, settings, clock=clock,
+                                  consumer=self.consumer, ledgers=self._ledgers)
         self._state = threading.Lock()
         self._served: set[str] = set()
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
@@ -373,177 +323,22 @@ class HostBridge:
         if wake:
             self._coord.trigger_many(wake)
 
-    # -- the delivery gate ----------------------------------------------------------
+    # -- the delivery gate (``gate.DeliveryGate``) ------------------------------------
 
     def has_followup(self, agent: str) -> bool:
-        """Whether this host can take one of the agent's followups now: one it read and
-        has not acknowledged, one no consumer has read (read now), or one another
-        consumer left unacknowledged for ``followup_stale_s`` (taken over now). Needs no
-        turn: a host asks before claiming one, so an entry another host still holds
-        costs it no turn."""
-        followups = self._coord.followups
-        if followups.read(agent, self.consumer, count=1):
-            return True
-        stale_ms = self._coord.followup_stale_ms
-        return bool(followups.claim_stale(agent, self.consumer, min_idle_ms=stale_ms))
+        """Whether this host can take one of the agent's followups now (a turn is not
+        needed to ask): ``DeliveryGate.has_followup``."""
+        return self._gate.has_followup(agent)
 
     def deliver_next(self, agent: str) -> Delivery | None:
-        """Deliver the next deliverable followup, dropping the others; hold the turn phase.
-
-        Appends ``turn/start`` and the reminder ``user/message`` of a new turn; the host
-        runs that turn and appends the rest of it. None once nothing this host can take
-        is left (entries it dropped do not hide later ones).
-        """
-        followups = self._coord.followups
-        while True:
-            entries = followups.read(agent, self.consumer)
-            if not entries:
-                entries = followups.claim_stale(
-                    agent, self.consumer, min_idle_ms=self._coord.followup_stale_ms
-                )
-            if not entries:
-                return None
-            for entry in entries:
-                delivery = self._gate(agent, entry)
-                followups.done(agent, entry.entry_id)
-                if delivery is not None:
-                    return delivery
+        """Deliver the agent's next deliverable followup as the user/message of a new turn,
+        dropping the others; hold the turn phase. ``DeliveryGate.deliver_next``."""
+        return self._gate.deliver_next(agent)
 
     def deliver_many(self, agents: Sequence[str]) -> DeliveryRound:
         """``deliver_next`` for many agents whose turns the caller holds, at most one
-        delivery each, with the round trips shared: their streams read in one or two
-        pipelined calls (``Followups.read_many``), their free locks taken together, every
-        decided entry acknowledged together. Each entry still passes the gate on its own,
-        under its agent's lock, with its own fenced append and barrier flush. An agent
-        whose lock was busy (a due transaction is finishing) is then served alone, waiting
-        for its lock as ``deliver_next`` does. Call again with ``again`` until it is
-        empty."""
-        reads = self._coord.followups.read_each(agents, self.consumer)
-        read = {agent: found.entries for agent, found in reads.items()}
-        with_entries = [agent for agent, entries in read.items() if entries]
-        decided = _Decided()
-        with self._coord.locks.hold_many(with_entries) as held:
-            # Every gate flushes first: together here, so each gate's own flush finds
-            # nothing left to do. A failed one stops its agent: a flush that succeeds
-            # after a failed one does not prove the earlier bytes durable.
-            unflushed = flush_each(self._store, [a for a in with_entries if a in held])
-            for agent in with_entries:
-                if agent in unflushed:
-                    log.warning("delivery preflight for %s failed: %s", agent,
-                                unflushed[agent].reason)
-                    decided.failed.append(agent)
-                elif agent in held:
-                    self._decide(agent, reads[agent], decided, barrier=False)
-            for agent, exc in flush_each(self._store, decided.delivered).items():
-                # The message is appended: the turn must run. The next preflight confirms
-                # its durability.
-                log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
-        for agent in with_entries:
-            if agent not in held:
-                self._decide(agent, reads[agent], decided, barrier=True)
-        self._coord.followups.done_many(decided.entries)
-        return DeliveryRound(
-            delivered=decided.delivered, again=tuple(decided.again),
-            empty=tuple(agent for agent, entries in read.items() if not entries),
-            busy=tuple(decided.busy), failed=tuple(decided.failed),
-        )
-
-    def _decide(self, agent: str, read: StreamRead, decided: _Decided, *,
-                barrier: bool) -> None:
-        """Gate ``entries`` in order until one is delivered, noting what was decided. With
-        ``barrier``, each gate takes the agent's lock itself (waiting for it) and flushes
-        after a delivery; else the caller holds the lock and flushes."""
-        left = len(read.entries)
-        try:
-            for entry in read.entries:
-                if barrier:
-                    delivery = self._gate(agent, entry)
-                else:
-                    delivery = self._gate_held(agent, entry, barrier=False)
-                decided.entries.append((agent, entry.entry_id))
-                left -= 1
-                if delivery is not None:
-                    decided.delivered[agent] = delivery
-                    break
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise
-        except LockUnavailable:
-            decided.busy.append(agent)
-            return
-        except Exception:
-            with log_context(agent=agent):
-                log.exception("delivering followups for %s failed", agent)
-            decided.failed.append(agent)
-            return
-        if left or not read.drained:
-            # More entries may wait. A stream the read emptied needs no second look: an
-            # entry added since is announced on the ready stream again.
-            decided.again.append(agent)
-
-    def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
-        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
-            return self._gate_held(agent, entry, barrier=True)
-
-    def _gate_held(self, agent: str, entry: FollowupEntry, *, barrier: bool) -> Delivery | None:
-        """The gate for one entry, the agent's lock held. ``barrier``: flush before
-        deciding and after a delivery; without it the caller does both, for many agents
-        at once."""
-        schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
-        with log_context(agent=agent, schedule_id=schedule_ids):
-            delivery = retry_fenced(
-                f"delivery for {agent}",
-                # The caller without a barrier has flushed already; a retry flushes anew,
-                # to confirm the conflicting writer's suffix.
-                lambda n: self._deliver(agent, entry, preflight=barrier or n > 0,
-                                        barrier=barrier),
-            )
-        recorder = metrics.get()
-        if recorder.enabled:
-            if delivery is None:
-                recorder.delivery("dropped")
-            else:
-                recorder.delivery("delivered")
-                occurrences = [pair.occurrenceAt for pair in entry.pairs]
-                appended_ms = delivery.events[-1].time if delivery.events else self._clock()
-                recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
-        return delivery
-
-    def _deliver(
-        self, agent: str, entry: FollowupEntry, *, preflight: bool, barrier: bool
-    ) -> Delivery | None:
-        """Append the entry as the user/message of a new turn if the log says it is due
-        for delivery; None when it is to be dropped. ``FenceConflict`` re-decides."""
-        if preflight:
-            self._store.flush(agent)
-        session, _state = self._store.load(agent)
-        ledger = self._ledgers.ledger(agent, session)
-        if not ledger.deliverable(entry.pairs):
-            # No dispatch covers it (an abandoned attempt), it is already delivered, or it
-            # is not the complete batch the log recorded.
-            log.info("dropping followup %s for %s", entry.entry_id, agent)
-            return None
-        turn = len(session.events)
-        now = self._clock()
-        events = [
-            NewEvent(type=TURN_START, time=now, data={"turn": turn}),
-            NewEvent(type=USER_MESSAGE, time=now, data={
-                "content": [{"type": "text", "text": entry.text}],
-                "source": reminder_source(entry.pairs),
-            }),
-        ]
-        appended = self._store.append(agent, events, expected_seq=turn)
-        if barrier:
-            self._barrier(agent)
-        log.info("delivered followup %s for %s", entry.entry_id, agent)
-        return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)
-
-    def _barrier(self, agent: str) -> None:
-        try:
-            self._store.flush(agent)
-        except PersistenceError as exc:
-            # The message is appended: the turn must run. The next preflight confirms
-            # its durability.
-            log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
+        delivery each, the round trips shared: ``DeliveryGate.deliver_many``."""
+        return self._gate.deliver_many(agents)
 
 
 def _stream_id(entry_id: str) -> tuple[int, int]:

@@ -19,7 +19,8 @@ from typing import Any, Final
 import msgspec
 import redis
 
-from dsh_schedule.host.bridge import Delivery, TurnBusy
+from dsh_schedule.host.bridge import TurnBusy
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.plugin import AgentHandle, SchedulePlugin, ToolHandler
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination

@@ -36,7 +36,7 @@ from langchain_core.runnables.config import ensure_config, merge_configs
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
 from dsh_schedule.host.aio import MAX_TURNS, AsyncSchedulePlugin, AsyncScheduleTools
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.integrations.session import SessionRecorder, TurnLog
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
 

@@ -41,7 +41,7 @@ from pydantic_ai.messages import (
 )
 
 from dsh_schedule.host.aio import MAX_TURNS, AsyncSchedulePlugin, AsyncScheduleTools
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.integrations.session import SessionRecorder, TurnLog
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
 

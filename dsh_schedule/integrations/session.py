@@ -24,7 +24,7 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from dsh_schedule.host.aio import settle
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.core.events import (
     STEP_END,

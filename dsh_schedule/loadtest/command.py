@@ -29,6 +29,7 @@ from typing import Any, Final
 import msgspec
 import redis
 
+from dsh_schedule.loadtest.figures import Figures, PeerBurst, PeerIdle, peers_figure
 from dsh_schedule.loadtest.long_session import measure_long_session
 from dsh_schedule.loadtest.peers import peers_burst, peers_idle
 from dsh_schedule.loadtest.phases import Plan, measure_create, measure_due, measure_lateness
@@ -40,15 +41,7 @@ from dsh_schedule.loadtest.processes import (
     measure_process_memory,
 )
 from dsh_schedule.loadtest.rebuild import measure_rebuild
-from dsh_schedule.loadtest.report import (
-    Figures,
-    PeerBurst,
-    PeerIdle,
-    Result,
-    peers_figure,
-    render_table,
-    targets,
-)
+from dsh_schedule.loadtest.report import Result, render_table, targets
 from dsh_schedule.loadtest.runtime import (
     EmbeddedRuntime,
     LoadtestError,

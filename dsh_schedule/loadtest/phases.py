@@ -16,11 +16,11 @@ import msgspec
 import redis
 from rq import Queue
 
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.plugin import ToolHandler
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.loadtest import baseline as bare
-from dsh_schedule.loadtest.report import CreateFigure, DueFigure, LatenessFigure
+from dsh_schedule.loadtest.figures import CreateFigure, DueFigure, LatenessFigure
 from dsh_schedule.loadtest.runtime import Runtime, queue_idle
 from dsh_schedule.loadtest.sessions import write_session
 from dsh_schedule.loadtest.stats import (

@@ -21,14 +21,14 @@ from rq import Queue
 
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.loadtest import baseline as bare
-from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls
-from dsh_schedule.loadtest.procs import CpuSampler, cores_between
-from dsh_schedule.loadtest.report import (
+from dsh_schedule.loadtest.figures import (
     BurstFigure,
     CpuWindow,
     IdleFigure,
     ProcessMemoryFigure,
 )
+from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls
+from dsh_schedule.loadtest.procs import CpuSampler, cores_between
 from dsh_schedule.loadtest.runtime import LoadtestError, RedisRuntime, queue_idle
 from dsh_schedule.loadtest.sessions import (
     DAY_MS,

@@ -30,7 +30,7 @@ import redis
 from rq.timeouts import TimerDeathPenalty
 
 from dsh_schedule.embedded import EmbeddedSystem
-from dsh_schedule.host.bridge import Delivery
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.reference import (
     ASSISTANT_MESSAGE,
     TOOL_CALL,

@@ -286,8 +286,9 @@ class JsonlStore:
         failed: dict[str, PersistenceError] = {}
         changed: list[tuple[str, tuple[int, ...]]] = []
         for session_id in ids:
-            # A file this store changed since its last flush needs no ``stat``: the stamp
-            # its own change left is what the sync will confirm, at least.
+            # A file the entry last saw at another stamp than its last flush's (this
+            # store's own append, or a change it read) needs no ``stat``: that stamp is
+            # what the sync confirms, at least; a later change moves the stamp again.
             known = self._cache.changed_since_flush(session_id)
             if known is not None:
                 changed.append((session_id, known))

@@ -10,19 +10,17 @@ from pathlib import Path
 import pytest
 
 from dsh_schedule.loadtest import command
-from dsh_schedule.loadtest.peers import PEERS, delivered_line, read_lines
-from dsh_schedule.loadtest.report import (
+from dsh_schedule.loadtest.figures import (
     BurstFigure,
     CpuWindow,
     Figures,
     IdleFigure,
     PeerBurst,
     PeerIdle,
-    Result,
-    peer_cells,
     peers_figure,
-    render_table,
 )
+from dsh_schedule.loadtest.peers import PEERS, delivered_line, read_lines
+from dsh_schedule.loadtest.report import Result, peer_cells, render_table
 from dsh_schedule.loadtest.stats import latency, machine
 
 

@@ -17,6 +17,14 @@ from dsh_schedule.loadtest.command import (
     build_plan,
     select_phases,
 )
+from dsh_schedule.loadtest.figures import (
+    BurstFigure,
+    CpuWindow,
+    Figures,
+    IdleFigure,
+    LatenessFigure,
+    ProcessMemoryFigure,
+)
 from dsh_schedule.loadtest.host import read_ids
 from dsh_schedule.loadtest.procs import (
     CpuReading,
@@ -26,16 +34,7 @@ from dsh_schedule.loadtest.procs import (
     parse_stat_cpu_ticks,
     parse_status_memory,
 )
-from dsh_schedule.loadtest.report import (
-    BurstFigure,
-    CpuWindow,
-    Figures,
-    IdleFigure,
-    LatenessFigure,
-    ProcessMemoryFigure,
-    summary_rows,
-    targets,
-)
+from dsh_schedule.loadtest.report import summary_rows, targets
 from dsh_schedule.loadtest.sessions import (
     DELIVERY,
     DISPATCH,

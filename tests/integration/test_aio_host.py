@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin, settle
-from dsh_schedule.host.bridge import Delivery, TurnBusy
+from dsh_schedule.host.bridge import TurnBusy
+from dsh_schedule.host.gate import Delivery
 from dsh_schedule.integrations.session import SessionRecorder
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
