@@ -19,11 +19,10 @@ if TYPE_CHECKING:
         AsyncAgentEvents,
         AsyncAgentHandle,
         AsyncAgentRegistry,
-        AsyncHostBridge,
         AsyncSchedulePlugin,
-        AsyncScheduleTools,
         AsyncToolHandler,
     )
+    from dsh_schedule.host.aiobridge import AsyncHostBridge, AsyncScheduleTools
     from dsh_schedule.host.bridge import HostBridge
     from dsh_schedule.host.gate import Delivery
     from dsh_schedule.host.plugin import (
@@ -84,8 +83,8 @@ _HOMES: Final[dict[str, str]] = {
     "wall_clock_ms": "dsh_schedule.shared.clock",
     # The asyncio host API (docs/integrations/README.md), importable from here as well.
     "AsyncSchedulePlugin": "dsh_schedule.host.aio",
-    "AsyncScheduleTools": "dsh_schedule.host.aio",
-    "AsyncHostBridge": "dsh_schedule.host.aio",
+    "AsyncScheduleTools": "dsh_schedule.host.aiobridge",
+    "AsyncHostBridge": "dsh_schedule.host.aiobridge",
     "AsyncAgent": "dsh_schedule.host.aio",
     "AsyncAgentRegistry": "dsh_schedule.host.aio",
     "AsyncAgentHandle": "dsh_schedule.host.aio",

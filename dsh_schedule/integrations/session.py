@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
-from dsh_schedule.host.aio import settle
+from dsh_schedule.host.aiobridge import settle
 from dsh_schedule.host.gate import Delivery
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.core.events import (

@@ -15,7 +15,8 @@ import fakeredis
 import pytest
 import redis
 
-from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin, settle
+from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin
+from dsh_schedule.host.aiobridge import settle
 from dsh_schedule.host.bridge import TurnBusy
 from dsh_schedule.host.gate import Delivery
 from dsh_schedule.integrations.session import SessionRecorder
