@@ -41,14 +41,9 @@ from dsh_schedule.loadtest.processes import (
     measure_process_memory,
 )
 from dsh_schedule.loadtest.rebuild import measure_rebuild
+from dsh_schedule.loadtest.redisruntime import RedisRuntime, with_db
 from dsh_schedule.loadtest.report import Result, render_table, targets
-from dsh_schedule.loadtest.runtime import (
-    EmbeddedRuntime,
-    LoadtestError,
-    RedisRuntime,
-    Runtime,
-    with_db,
-)
+from dsh_schedule.loadtest.runtime import EmbeddedRuntime, LoadtestError, Runtime
 from dsh_schedule.loadtest.stats import Progress, Stopwatch, machine
 from dsh_schedule.shared.settings import Settings
 
