@@ -273,15 +273,8 @@ class RedisRuntime:
 
     def _wait(self, done: Callable[[], bool], timeout_s: float,
               status: Callable[[], None] | None = None) -> bool:
-        deadline = until(timeout_s, self.deadline)
-        while not done():
-            self._check_processes()
-            if time.monotonic() > deadline:
-                return False
-            if status is not None:
-                status()
-            time.sleep(POLL_S)
-        return True
+        """``wait`` at the short poll the phases' own waits use."""
+        return self.wait(done, timeout_s, status, poll_s=POLL_S)
 
     # -- cleaning up ----------------------------------------------------------------
 
