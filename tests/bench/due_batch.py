@@ -1,0 +1,113 @@
+"""What one due transaction costs a worker and Redis: N agents, each with one reminder due
+now in its own JSONL session, woken in batched jobs as the mover hands a burst on.
+
+Not a test (nothing here asserts a timing): a measurement to run by hand, on a private
+``redis-server`` it starts and stops itself::
+
+    .venv/bin/python -m tests.bench.due_batch --agents 4000 --job 500
+
+It prints one JSON line: the worker's CPU and wall microseconds per due transaction, the
+redis-server CPU per transaction (from ``INFO``), and Redis's commands per transaction by
+name, with the microseconds Redis spent in each (``INFO commandstats``: a script's
+commands count both as themselves and inside its ``EVAL``). The worker's session store is
+cold, as in a burst: each session is read for the first time by its due transaction.
+``--pause`` waits for a key press before the batch (print the pid, attach ``strace -c -f
+-p PID`` or ``py-spy record -p PID``, then press enter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.loadtest.sessions import write_sessions
+from dsh_schedule.shared.clock import wall_clock_ms
+from dsh_schedule.shared.collector import tune_for_service
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.instant import format_instant
+from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.worker.due import DueOwner
+from tests.redis_server import RedisServer
+
+CREATES_PER_S = 300  # a safe pace for the set-up's tool calls, to place the due second
+
+
+def _redis_cpu(info: Any) -> float:
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def measure(server: RedisServer, agents: int, job: int, *, pause: bool) -> dict[str, Any]:
+    client = server.client()
+    client.flushdb()
+    sessions = Path(tempfile.mkdtemp(prefix="due-batch-"))
+    settings = Settings(redis_url=server.url(), sessions=sessions, prefix="due:", queue="due")
+    names = [f"due-{i:05d}" for i in range(agents)]
+    write_sessions(JsonlStore.from_settings(settings), names, [], created_at_ms=wall_clock_ms())
+    os.sync()
+    Coordination(client, settings).leases.grant_many(
+        names, settings.queue, now_ms=wall_clock_ms(), ttl_s=3600)
+    tools = ScheduleTools(JsonlStore.from_settings(settings), Coordination(client, settings),
+                          settings, wall_clock_ms)
+    due_ms = (wall_clock_ms() // 1000 + 3 + agents // CREATES_PER_S) * 1000
+    for name in names:
+        result = tools.call(name, "schedule_create",
+                            {"prompt": f"reminder for {name}", "at": format_instant(due_ms)})
+        if result.is_error:
+            raise SystemExit(f"set-up: {result.content}")
+    tools.close()
+    while wall_clock_ms() < due_ms:
+        time.sleep(0.01)
+    owner = DueOwner(JsonlStore.from_settings(settings), Coordination(client, settings),
+                     settings, clock=wall_clock_ms)
+    tune_for_service()  # as the worker process does
+    if pause:
+        input(f"pid {os.getpid()}: press enter to run the batch ")
+    client.config_resetstat()
+    redis_before = _redis_cpu(client.info("cpu"))
+    cpu_before, wall_before = time.process_time(), time.perf_counter()
+    outcomes: Counter[str] = Counter()
+    for start in range(0, agents, job):
+        found = owner.wake_many([(name, due_ms) for name in names[start:start + job]])
+        outcomes.update(outcome.value for outcome in found.values())
+    cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
+    redis_s = _redis_cpu(client.info("cpu")) - redis_before
+    stats: Any = client.info("commandstats")
+    commands = {
+        name.removeprefix("cmdstat_"): {"calls": round(v["calls"] / agents, 2),
+                                        "us": round(v["usec"] / agents, 2)}
+        for name, v in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])
+        if not name.startswith(("cmdstat_config", "cmdstat_info"))
+    }
+    return {
+        "agents": agents, "job": job, "outcomes": dict(outcomes),
+        "worker_cpu_us": round(cpu_s / agents * 1e6, 1),
+        "worker_wall_us": round(wall_s / agents * 1e6, 1),
+        "redis_cpu_us": round(redis_s / agents * 1e6, 1),
+        "commands_per_transaction": commands,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=4000)
+    parser.add_argument("--job", type=int, default=500,
+                        help="wakes per job (the mover's MOVE_BATCH)")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--pause", action="store_true")
+    args = parser.parse_args()
+    with RedisServer() as server:
+        for _ in range(args.runs):
+            print(json.dumps(measure(server, args.agents, args.job, pause=args.pause)),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
