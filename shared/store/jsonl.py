@@ -93,6 +93,12 @@ def _copy(fd: int, start: int, stop: int, session_id: str) -> Iterator[bytes]:
         start += len(block)
 
 
+def _session_path(root: Path, session_id: str) -> Path:
+    """The file of ``session_id`` under ``root`` (ValueError for an id that cannot be
+    escaped)."""
+    return root / (escape_session_id(session_id) + SUFFIX)
+
+
 def read_session_file(path: Path) -> Session:
     """The session in any session file, by the rules of ``JsonlStore.read`` (for the
     ``check``, ``fold`` and ``present`` commands); the header may carry any id. Every
@@ -135,7 +141,11 @@ class JsonlStore:
         # Escaping an id and formatting its path cost more than the file calls on a busy
         # worker; the paths of recent sessions are kept (a path, once formatted, keeps
         # its string).
-        self._paths = functools.lru_cache(maxsize=_PATHS_KEPT)(self._new_path)
+        # Bound to the root, not to the store: a store that referred to itself through
+        # its cache would outlive its last reference until a full collection (and keep
+        # its descriptor open that long).
+        self._paths = functools.lru_cache(maxsize=_PATHS_KEPT)(
+            functools.partial(_session_path, self._root))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JsonlStore:
@@ -151,8 +161,6 @@ class JsonlStore:
         """The file of ``session_id`` (ValueError for an id that cannot be escaped)."""
         return self._paths(session_id)
 
-    def _new_path(self, session_id: str) -> Path:
-        return self._root / (escape_session_id(session_id) + SUFFIX)
 
     def parsed_bytes(self, session_id: str) -> int:
         """Bytes of the session's files this store has parsed since it last cached it
