@@ -28,7 +28,6 @@ from dsh_schedule.shared.coordination.scripts import (
     SCRIPT_BATCH_MAX,
     batch_replies,
     queue_script_batch,
-    run_script_batch,
 )
 from dsh_schedule.shared.coordination.wakejobs import (
     WAKE_BATCH,
@@ -76,15 +75,14 @@ local v = tonumber(ARGV[2 + 2 * s])
 local base = 2 + 2 * s + v
 local per = 3 + v
 local n = (#ARGV - base) / per
+-- The shared pairs and the own fields' names once; each wake fills in its own values.
+local fields = {}
+for j = 2, 1 + 2 * s do fields[#fields + 1] = ARGV[j] end
+for j = 1, v do fields[2 * s + 2 * j - 1] = ARGV[2 + 2 * s + j] end
 for i = 0, n - 1 do
   local a = base + i * per
   local id, previous = ARGV[a + 1], ARGV[a + 3]
-  local fields = {}
-  for j = 2, 1 + 2 * s do fields[#fields + 1] = ARGV[j] end
-  for j = 1, v do
-    fields[#fields + 1] = ARGV[2 + 2 * s + j]
-    fields[#fields + 1] = ARGV[a + 3 + j]
-  end
+  for j = 1, v do fields[2 * s + 2 * j] = ARGV[a + 3 + j] end
   redis.call('HSET', KEYS[2 + 3 * i], unpack(fields))
   redis.call('ZADD', KEYS[1], ARGV[a + 2], id)
   redis.call('SET', KEYS[3 + 3 * i], id)
@@ -303,18 +301,10 @@ class WakeProjection:
         self.cancel_many([agent])
 
     def cancel_many(self, agents: Sequence[str]) -> None:
-        """``cancel`` for many agents, whose locks are held: one round trip reads their
-        current wakes, one more removes them (one script call per hundred)."""
-        if not agents:
-            return
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                pipe.get(self._keys.current_wake(agent))
-            found = pipe.execute()
-        run_script_batch(self._client, _RETIRE, [
-            self._retire_item(agent, current.decode() if isinstance(current, bytes) else None)
-            for agent, current in zip(agents, found, strict=True)
-        ])
+        """``cancel`` for many agents, whose locks are held: arming no wake for each (one
+        round trip reads their current wakes, one removes them)."""
+        if agents:
+            self.arm_many([ArmRequest(agent, None, "") for agent in agents])
 
     def move_due(self, now_ms: int | None = None) -> int:
         """One mover pass: hand every wake whose target is at or before ``now_ms`` (default:
