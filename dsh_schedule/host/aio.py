@@ -16,8 +16,7 @@ delivery gate and every session file read or write run in a worker thread
   delivery, each reminder in a turn of its own, many agents served at once, Redis outages
   ridden out.
 
-The bridge and the tools live in ``aiobridge.py``; every name of the asyncio API is
-importable from here.
+The bridge and the tools live in ``aiobridge.py``, re-exported here.
 
 Cancellation never leaves half a step behind: a step already handed to its thread runs to
 its end (a thread cannot be stopped), and only then is the cancellation passed on; a turn
@@ -38,7 +37,11 @@ import redis
 import redis.asyncio
 
 from dsh_schedule import status
-from dsh_schedule.host.aiobridge import AsyncHostBridge, AsyncScheduleTools, settle
+
+# Re-exported: every name of the asyncio API is importable from here.
+from dsh_schedule.host.aiobridge import AsyncHostBridge as AsyncHostBridge
+from dsh_schedule.host.aiobridge import AsyncScheduleTools as AsyncScheduleTools
+from dsh_schedule.host.aiobridge import settle
 from dsh_schedule.host.bridge import TurnBusy
 from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.plugin import AgentHandle, CompositionError, SchedulePlugin, ToolHandler
@@ -52,18 +55,6 @@ from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
-
-__all__ = [
-    "AsyncAgent",
-    "AsyncAgentEvents",
-    "AsyncAgentHandle",
-    "AsyncAgentRegistry",
-    "AsyncHostBridge",
-    "AsyncSchedulePlugin",
-    "AsyncScheduleTools",
-    "AsyncToolHandler",
-    "DeliveryHandler",
-]
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
+from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.ledger import LedgerCache
@@ -135,12 +136,10 @@ class HostBridge:
         return new
 
     def dispose(self, agent: str) -> None:
-        """Forget the agent in Redis; its log keeps every record (no delete on teardown)."""
-        with self._state:
-            self._served.discard(agent)
-            self._due.pop(agent, None)
-        self._coord.forget_agent(agent, lock_wait_s=self._settings.tool_lock_wait_s)
-        self._ledgers.forget(agent)
+        """Forget the agent in Redis; its log keeps every record (no delete on teardown).
+        ``LockUnavailable`` when its lock stayed busy."""
+        if self.dispose_many([agent]):
+            raise LockUnavailable(agent)
 
     def dispose_many(self, agents: Sequence[str]) -> list[str]:
         """``dispose`` for many agents, in a few round trips whatever their number (the
