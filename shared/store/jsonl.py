@@ -140,10 +140,9 @@ class JsonlStore:
             self._fs_sync.open()  # before this store writes anything
         # Escaping an id and formatting its path cost more than the file calls on a busy
         # worker; the paths of recent sessions are kept (a path, once formatted, keeps
-        # its string).
-        # Bound to the root, not to the store: a store that referred to itself through
-        # its cache would outlive its last reference until a full collection (and keep
-        # its descriptor open that long).
+        # its string). The cache is bound to the root, not to the store: a store that
+        # referred to itself would outlive its last reference until a full collection,
+        # its descriptor open.
         self._paths = functools.lru_cache(maxsize=_PATHS_KEPT)(
             functools.partial(_session_path, self._root))
 
@@ -160,7 +159,6 @@ class JsonlStore:
     def path(self, session_id: str) -> Path:
         """The file of ``session_id`` (ValueError for an id that cannot be escaped)."""
         return self._paths(session_id)
-
 
     def parsed_bytes(self, session_id: str) -> int:
         """Bytes of the session's files this store has parsed since it last cached it
