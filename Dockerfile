@@ -1,5 +1,6 @@
-# One image for every process: worker, scheduler, the reference host and the one-shot
-# commands (session, call, rebuild, health, status). Build from the repository root:
+# One image for every process: worker, scheduler, the reference host, the web console
+# (the `web` extra) and the one-shot commands (session, call, rebuild, health, status).
+# Build from the repository root:
 #
 #     docker build -t dsh-tool-schedule .
 #
@@ -20,8 +21,9 @@ RUN set -eu; \
     for file in requirements.lock constraints.txt; do \
         if [ -f "$file" ]; then constraints="$constraints --constraint $file"; fi; \
     done; \
-    /opt/dsh-schedule/venv/bin/pip install $constraints . ; \
-    /opt/dsh-schedule/venv/bin/dsh-schedule --version
+    /opt/dsh-schedule/venv/bin/pip install $constraints ".[web]" ; \
+    /opt/dsh-schedule/venv/bin/dsh-schedule --version ; \
+    /opt/dsh-schedule/venv/bin/python -c "import dsh_schedule.web.server"
 
 FROM python:3.11-slim-bookworm
 ENV PATH=/opt/dsh-schedule/venv/bin:$PATH \

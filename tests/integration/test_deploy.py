@@ -614,7 +614,7 @@ def test_dockerfile_installs_the_project_for_an_unprivileged_user() -> None:
     # The whole context is copied, so the linked folders arrive with dsh_schedule/.
     assert ("COPY", ". .") in build
     install = next(args for word, args in build if word == "RUN" and "pip install" in args)
-    assert re.search(r"pip install \$constraints \.", install)
+    assert re.search(r"pip install \$constraints \"?\.(\[[\w,-]+\])?\"?( |$)", install)
     assert "-e " not in install and "--editable" not in install
     # A lock file is used as constraints whenever the repository has one.
     assert "requirements.lock" in install and "constraints.txt" in install
@@ -637,6 +637,24 @@ def test_dockerfile_installs_the_project_for_an_unprivileged_user() -> None:
     assert any(word == "COPY" and args.startswith("--from=") for word, args in final)
 
 
+def _image_dependencies() -> list[str]:
+    """The requirements the image's install takes: the project's dependencies and those of
+    every extra its ``pip install`` names (``.[web]``)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    dependencies = list(project["dependencies"])
+    install = next(args for word, args in _dockerfile_stages()[0]
+                   if word == "RUN" and "pip install" in args)
+    for extras in re.findall(r"\.\[([\w,-]+)\]", install):
+        for extra in extras.split(","):
+            dependencies += project.get("optional-dependencies", {}).get(extra, [])
+    return dependencies
+
+
+def _requires(dependencies: list[str], distribution: str) -> bool:
+    pattern = re.escape(distribution).replace(r"\-", "[-_]")
+    return any(re.match(pattern + r"\b", d, re.IGNORECASE) for d in dependencies)
+
+
 def test_the_image_installs_what_metrics_need() -> None:
     """The image installs the project's dependencies only, and the compose deployment
     turns metrics on: whatever the package imports for them must be a dependency."""
@@ -647,17 +665,27 @@ def test_the_image_installs_what_metrics_need() -> None:
     )
     if not re.search(r"^\s*(?:from|import) prometheus_client\b", source, re.MULTILINE):
         return  # no metrics code yet
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    dependencies = list(project["dependencies"])
-    install = next(args for word, args in _dockerfile_stages()[0]
-                   if word == "RUN" and "pip install" in args)
-    for extras in re.findall(r"\.\[([\w,-]+)\]", install):
-        for extra in extras.split(","):
-            dependencies += project.get("optional-dependencies", {}).get(extra, [])
-    assert any(re.match(r"prometheus[-_]client\b", d, re.IGNORECASE) for d in dependencies), (
+    assert _requires(_image_dependencies(), "prometheus-client"), (
         "the metrics import prometheus_client: list prometheus-client in [project] "
         "dependencies (or in an extra the Dockerfile installs), or the image's processes "
         "cannot serve metrics")
+
+
+def test_the_image_installs_what_the_web_console_needs() -> None:
+    """``dsh-schedule web`` runs from the image: every third-party package the console's
+    modules import is a requirement of the image's install (the ``web`` extra)."""
+    imported: set[str] = set()
+    for path in sorted((ROOT / "dsh_schedule" / "web").rglob("*.py")):
+        imported.update(re.findall(r"^\s*(?:from|import) (\w+)", path.read_text(encoding="utf-8"),
+                                   re.MULTILINE))
+    third_party = imported - set(sys.stdlib_module_names) - {"dsh_schedule", "__future__"}
+    assert {"fastapi", "uvicorn", "jinja2"} <= third_party, sorted(third_party)
+    dependencies = _image_dependencies()
+    # starlette and pydantic come with fastapi; the rest must be named.
+    missing = [name for name in sorted(third_party - {"starlette", "pydantic"})
+               if not _requires(dependencies, name)]
+    assert not missing, (f"the web console imports {missing}, which the image does not "
+                         "install: add them to the extra the Dockerfile installs")
 
 
 # -- compose ----------------------------------------------------------------------------
