@@ -4,7 +4,8 @@ is a batch of one.
 
 Every step is a named method that fills in the ``WakeOutcome`` of each agent it stops and
 hands the others on to the next step; each agent is decided, fenced and flushed on its
-own, while the batch shares its round trips to Redis. The log stays the authority:
+own, while the batch shares its round trips to Redis. This module finds who is due and
+settles the rest; ``dispatch`` dispatches for those found due. The log stays the authority:
 followups are written before the fenced dispatch append, so a crash can only leave an
 entry without a dispatch (the host drops it) or a dispatch without an entry
 (re-projection re-adds it).
@@ -13,12 +14,8 @@ entry without a dispatch (the host drops it) or a dispatch without an entry
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from enum import Enum
 from typing import Final
 
 import redis
@@ -27,73 +24,22 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
-from dsh_schedule.shared.coordination.phase import Release
-from dsh_schedule.shared.core.dispatch import DispatchPlan, plan_dispatch
-from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
-from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
-from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
+from dsh_schedule.shared.core.due import Wait, due_decision
+from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.events import Session
 from dsh_schedule.shared.core.fold import FoldState
-from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.core.ledger import LedgerCache
-from dsh_schedule.shared.core.records import encode_change
-from dsh_schedule.shared.fencing import FENCE_ATTEMPTS
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.worker.dispatch import Dispatcher
+from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
 from dsh_schedule.worker.reproject import reproject_many
 
 log = logging.getLogger(__name__)
 
 MAX_ROUNDS: Final = 64
-CRASH_ENV: Final = "DSH_SCHEDULE_CRASH_AT"
-
-
-class WakeOutcome(Enum):
-    """How a wake ended. Only ``SETTLED`` re-arms; every other outcome leaves the records
-    active for a later wake (the phase release, a management call, a new lease or the
-    reconcile pass)."""
-
-    SETTLED = "settled"
-    NOT_LIVE = "not-live"
-    LOCK_BUSY = "lock-busy"
-    WAITING_FOR_IDLE = "waiting-for-idle"
-    PREFLIGHT_FAILED = "preflight-failed"
-    CORRUPT_LOG = "corrupt-log"
-    DISPATCH_ABANDONED = "dispatch-abandoned"
-    BARRIER_FAILED = "barrier-failed"
-    STILL_DUE = "still-due"
-    REDIS_UNAVAILABLE = "redis-unavailable"
-    FAILED = "failed"
-
-
-_paused_once = False
-
-
-class _Conflict(Enum):
-    """An append met another writer: the dispatch is decided again."""
-
-    CONFLICT = "conflict"
-
-
-_CONFLICT: Final = _Conflict.CONFLICT
-
-
-def crash_point(name: str) -> None:
-    """Test-only: SIGKILL this process at the named point (docs/architecture.md#testing).
-
-    ``pause-<point>`` stops the process there once (SIGSTOP) instead, so a test can let
-    its lock and phase expire and then resume it.
-    """
-    global _paused_once
-    hook = os.environ.get(CRASH_ENV)
-    if hook == name:
-        log.warning("crash hook %s: killing the worker", name)
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif hook == f"pause-{name}" and not _paused_once:
-        _paused_once = True
-        log.warning("crash hook %s: pausing the worker", hook)
-        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class DueOwner:
@@ -114,6 +60,7 @@ class DueOwner:
         self._clock = clock
         self._sleep = sleep
         self._ledgers = LedgerCache()
+        self._dispatcher = Dispatcher(store, coordination, settings, clock=clock)
 
     def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
         """Handle one wake (a batch of one): stale and duplicate wakes find nothing due
@@ -248,7 +195,7 @@ class DueOwner:
                 else:
                     settled.append((agent, found))
                     outcomes[agent] = WakeOutcome.SETTLED
-            pending, dispatched = self._dispatch_many(due, outcomes)
+            pending, dispatched = self._dispatcher.dispatch_many(due, outcomes)
         announce.extend(dispatched)
         for agent in [*pending, *dispatched]:
             log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
@@ -346,147 +293,3 @@ class DueOwner:
         except ScheduleLogError as exc:
             log.error("corrupt schedule log for %s, arming nothing: %s", agent, exc)
             return WakeOutcome.CORRUPT_LOG
-
-    def _dispatch_many(
-        self, agents: Sequence[str], outcomes: dict[str, WakeOutcome]
-    ) -> tuple[list[str], list[str]]:
-        """Claim maintenance, dispatch once, release, then the barrier flush, for many
-        agents: their phases claimed and released in one round trip each, their followups
-        written in one. Returns the agents to check again: those that found nothing due
-        any more, and those that dispatched and passed their barrier."""
-        if not agents:
-            return [], []
-        token = uuid.uuid4().hex
-        phase = self._coord.phase
-        ttl_s = self._settings.maintenance_ttl_s
-        claimed = phase.claim_many(agents, "maintenance", token, ttl_s)
-        held = [agent for agent, ok in zip(agents, claimed, strict=True) if ok]
-        for agent in set(agents).difference(held):
-            log.debug("agent %s busy: idle waiter registered", agent)
-            outcomes[agent] = WakeOutcome.WAITING_FOR_IDLE
-        if not held:
-            return [], []
-        try:
-            live = set(self._coord.leases.live_among(held, now_ms=self._clock()))
-            for agent in set(held).difference(live):
-                outcomes[agent] = WakeOutcome.NOT_LIVE
-            again, dispatched = self._dispatch_together(
-                [agent for agent in held if agent in live], outcomes)
-        finally:
-            released = phase.release_many(held, "maintenance", token)
-            woken = [agent for agent, release in zip(held, released, strict=True)
-                     if release is Release.WAITER_WOKEN]
-            if woken:
-                self._coord.trigger_many(woken)
-        failed = flush_each(self._store, dispatched)  # the barriers
-        for agent, exc in failed.items():
-            log.warning("dispatch barrier for %s failed: %s", agent, exc.reason)
-            outcomes[agent] = WakeOutcome.BARRIER_FAILED
-        return again, [agent for agent in dispatched if agent not in failed]
-
-    def _dispatch_together(
-        self, agents: Sequence[str], outcomes: dict[str, WakeOutcome], *, attempt: int = 0
-    ) -> tuple[list[str], list[str]]:
-        """Dispatch once for each of many agents, their phases held: each re-decides on its
-        own fold and gets its own fenced append; the followups go to Redis in one call,
-        before any append. Agents whose append met another writer re-decide together
-        afterwards, their suffix confirmed first, at most ``FENCE_ATTEMPTS`` times.
-        Returns the agents that found nothing due any more, and those that dispatched."""
-        planned: list[tuple[str, int, int, DispatchOne | DispatchBatch, DispatchPlan]] = []
-        again: list[str] = []
-        for agent in agents:
-            with log_context(agent=agent):
-                try:
-                    session, state = self._store.load(agent)
-                except (PersistenceError, ScheduleLogError) as exc:
-                    log.warning("re-fold for %s failed: %s", agent, exc)
-                    outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
-                    continue
-                now = self._clock()
-                decision = due_decision(state, now)
-                if isinstance(decision, Wait):
-                    again.append(agent)  # nothing due any more: the next check settles it
-                    continue
-                try:
-                    plan = plan_dispatch(decision)
-                except FramingError:
-                    log.exception("framing failed for %s; nothing written", agent)
-                    outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
-                    continue
-            planned.append((agent, len(session.events), now, decision, plan))
-        if not planned:
-            return again, []
-        crash_point("before-followup")
-        # Announced once the transaction lets the agents go (``_announce``).
-        self._coord.followups.add_many([(agent, plan.text, plan.pairs)
-                                        for agent, _n, _now, _d, plan in planned])
-        written_ms = self._clock()
-        crash_point("after-followup")
-        conflicted: list[str] = []
-        dispatched: list[str] = []
-        for agent, length, now, decision, plan in planned:
-            schedule_ids = ",".join(pair.scheduleId for pair in plan.pairs)
-            with log_context(agent=agent, schedule_id=schedule_ids):
-                stopped = self._append_dispatch(agent, length, now, decision, plan, written_ms)
-            if stopped is None:
-                dispatched.append(agent)
-            elif stopped is _CONFLICT:
-                conflicted.append(agent)
-            else:
-                outcomes[agent] = stopped
-        more_again, more_dispatched = self._redecide(conflicted, outcomes, attempt + 1)
-        return again + more_again, dispatched + more_dispatched
-
-    def _redecide(
-        self, agents: list[str], outcomes: dict[str, WakeOutcome], attempt: int
-    ) -> tuple[list[str], list[str]]:
-        """Dispatch again for agents whose append met another writer, once that writer's
-        suffix is confirmed (their followups written before stay without a dispatch, and
-        the host drops them)."""
-        if not agents:
-            return [], []
-        if attempt >= FENCE_ATTEMPTS:
-            for agent in agents:
-                log.warning("dispatch for %s: the log kept moving under %d attempts",
-                            agent, attempt)
-                outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
-            return [], []
-        unflushed = flush_each(self._store, agents)
-        for agent, exc in unflushed.items():
-            log.warning("re-fold for %s failed: %s", agent, exc)
-            outcomes[agent] = WakeOutcome.DISPATCH_ABANDONED
-        return self._dispatch_together([a for a in agents if a not in unflushed], outcomes,
-                                       attempt=attempt)
-
-    def _append_dispatch(
-        self, agent: str, length: int, now: int, decision: DispatchOne | DispatchBatch,
-        plan: DispatchPlan, written_ms: int,
-    ) -> WakeOutcome | _Conflict | None:
-        """The fenced append of one agent's dispatch: None once written, ``_CONFLICT`` when
-        another writer came between, else the outcome that abandons it."""
-        events = [NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(c))
-                  for c in plan.changes]
-        try:
-            self._store.append(agent, events, expected_seq=length)
-        except FenceConflict as conflict:
-            log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, conflict)
-            return _CONFLICT
-        except (PersistenceError, ScheduleLogError) as exc:
-            # The followup may already be read; with no dispatch the host drops it.
-            log.error("dispatch append for %s abandoned: %s", agent, exc)
-            return WakeOutcome.DISPATCH_ABANDONED
-        crash_point("after-append")
-        self._dispatched(agent, decision, plan, written_ms)
-        return None
-
-    def _dispatched(
-        self, agent: str, decision: DispatchOne | DispatchBatch, plan: DispatchPlan,
-        written_ms: int,
-    ) -> None:
-        recorder = metrics.get()
-        if recorder.enabled:
-            kind = "one-shot" if isinstance(decision, DispatchOne) else "batch"
-            occurrences = [pair.occurrenceAt for pair in plan.pairs]
-            recorder.dispatched(kind, metrics.lateness_s(written_ms, occurrences))
-        log.info("dispatched %s for %s", ", ".join(pair.scheduleId for pair in plan.pairs),
-                 agent)
