@@ -44,7 +44,13 @@ from dsh_schedule.host.aiobridge import AsyncScheduleTools as AsyncScheduleTools
 from dsh_schedule.host.aiobridge import settle
 from dsh_schedule.host.bridge import TurnBusy
 from dsh_schedule.host.gate import Delivery
-from dsh_schedule.host.plugin import AgentHandle, CompositionError, SchedulePlugin, ToolHandler
+from dsh_schedule.host.plugin import (
+    AgentHandle,
+    AgentWithTools,
+    CompositionError,
+    SchedulePlugin,
+    ToolHandler,
+)
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import is_embedded
@@ -92,24 +98,8 @@ class AsyncAgentEvents(Protocol):
         ...
 
 
-class AsyncAgent:
+class AsyncAgent(AgentWithTools[AsyncToolHandler]):
     """An agent of an asyncio host with its own tool set (``AsyncAgentHandle``)."""
-
-    def __init__(self, agent_id: str, *, is_root: bool = True) -> None:
-        self._agent_id = agent_id
-        self._is_root = is_root
-        self.tools: dict[str, tuple[ToolDefinition, AsyncToolHandler]] = {}
-
-    @property
-    def agent_id(self) -> str:
-        return self._agent_id
-
-    @property
-    def is_root(self) -> bool:
-        return self._is_root
-
-    def register_tool(self, definition: ToolDefinition, handler: AsyncToolHandler) -> None:
-        self.tools[definition.name] = (definition, handler)
 
 
 class AsyncAgentRegistry:

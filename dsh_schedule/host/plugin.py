@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final, Protocol
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import redis
 
@@ -51,6 +51,31 @@ class AgentHandle(Protocol):
     def register_tool(self, definition: ToolDefinition, handler: ToolHandler) -> None:
         """Add a tool to this agent's own tool set (its exact context)."""
         ...
+
+
+_Handler = TypeVar("_Handler")
+
+
+class AgentWithTools(Generic[_Handler]):
+    """An agent of the bundled hosts, with its own tool set: ``AgentHandle`` with sync
+    handlers (``host.reference.Agent``), ``AsyncAgentHandle`` with awaited ones
+    (``host.aio.AsyncAgent``)."""
+
+    def __init__(self, agent_id: str, *, is_root: bool = True) -> None:
+        self._agent_id = agent_id
+        self._is_root = is_root
+        self.tools: dict[str, tuple[ToolDefinition, _Handler]] = {}
+
+    @property
+    def agent_id(self) -> str:
+        return self._agent_id
+
+    @property
+    def is_root(self) -> bool:
+        return self._is_root
+
+    def register_tool(self, definition: ToolDefinition, handler: _Handler) -> None:
+        self.tools[definition.name] = (definition, handler)
 
 
 class AgentEvents(Protocol):

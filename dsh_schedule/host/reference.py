@@ -21,12 +21,11 @@ import redis
 
 from dsh_schedule.host.bridge import TurnBusy
 from dsh_schedule.host.gate import Delivery
-from dsh_schedule.host.plugin import AgentHandle, SchedulePlugin, ToolHandler
+from dsh_schedule.host.plugin import AgentHandle, AgentWithTools, SchedulePlugin, ToolHandler
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage
-from dsh_schedule.shared.core.catalog import ToolDefinition
 from dsh_schedule.shared.core.events import (
     STEP_END,
     STEP_START,
@@ -56,24 +55,8 @@ TURN_POLL_S: Final = 0.02  # how often it tries a busy turn again meanwhile
 BUSY_RETRY_S: Final = 1.0
 
 
-class Agent:
+class Agent(AgentWithTools[ToolHandler]):
     """A root (or child) agent of the reference host, with its own tool set."""
-
-    def __init__(self, agent_id: str, *, is_root: bool = True) -> None:
-        self._agent_id = agent_id
-        self._is_root = is_root
-        self.tools: dict[str, tuple[ToolDefinition, ToolHandler]] = {}
-
-    @property
-    def agent_id(self) -> str:
-        return self._agent_id
-
-    @property
-    def is_root(self) -> bool:
-        return self._is_root
-
-    def register_tool(self, definition: ToolDefinition, handler: ToolHandler) -> None:
-        self.tools[definition.name] = (definition, handler)
 
 
 class AgentRegistry:
