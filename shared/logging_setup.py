@@ -20,16 +20,20 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
-from datetime import UTC, datetime
 from typing import Final, TextIO
 
+from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.settings import LogSettings
 
 CONTEXT_FIELDS: Final = ("agent", "schedule_id", "wake_id")
 RQ_LOGGERS: Final = ("rq", "rq.worker", "rq.job", "rq.queue", "rq_scheduler")
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# logging's own rendering of ``asctime``: ``2026-12-01 09:10:00,123``, local time.
+_TIME_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
+_MSEC_FORMAT: Final = "%s,%03d"
 
 _EMPTY: Final[Mapping[str, str]] = {}
 _context: ContextVar[Mapping[str, str]] = ContextVar("dsh_schedule_log_context", default=_EMPTY)
@@ -71,9 +75,8 @@ class JsonFormatter(logging.Formatter):
     and ``exception`` (the traceback text) when the line carries one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        stamp = datetime.fromtimestamp(record.created, UTC)
         line: dict[str, object] = {
-            "time": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
+            "time": format_instant(int(record.created) * 1000 + int(record.msecs)),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -93,6 +96,17 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
+        self._second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        """logging's own local time (``2026-12-01 09:10:00,123``), its date and time
+        rendered once per second: a busy worker logs a line per dispatch."""
+        whole = int(record.created)
+        second, text = self._second
+        if second != whole:
+            text = time.strftime(_TIME_FORMAT, self.converter(whole))
+            self._second = (whole, text)
+        return _MSEC_FORMAT % (text, record.msecs)
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         text = super().formatMessage(record)
@@ -121,7 +135,16 @@ def configure(options: LogSettings, *, level: str | None = None,
               stream: TextIO | None = None) -> None:
     """Send every log line to ``stream`` (default stderr) in ``options.format``, our
     loggers at ``level`` (default ``options.level``), rq's at ``options.rq_level`` (default
-    the same). Replaces a handler an earlier call installed."""
+    the same). Replaces a handler an earlier call installed.
+
+    No line of this process's formats names its caller, thread or process, so records
+    are made without looking those up (the logging HOWTO's "Optimization"): a worker
+    logs a line per dispatch and a host one per delivery, and the lookups were a quarter
+    of a line's cost (docs/decisions.md#logging)."""
+    logging._srcfile = None  # no findCaller
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, _Handler):

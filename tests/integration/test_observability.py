@@ -11,6 +11,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import fakeredis
@@ -281,6 +282,59 @@ def test_text_lines_name_the_context_at_their_end() -> None:
         line = formatter.format(_record("hello there"))
     assert line.endswith("WARNING dsh_schedule.test: hello there [agent=s1]")
     assert formatter.format(_record("plain")).endswith("dsh_schedule.test: plain")
+
+
+def _record_at(created: float) -> logging.LogRecord:
+    record = _record("at")
+    record.created = created
+    record.msecs = int((created - int(created)) * 1000) + 0.0  # as LogRecord computes it
+    return record
+
+
+# Within one second, across seconds and back (the time a formatter renders each second's
+# text once for), including the last millisecond of a second.
+_CREATED = (1764581400.0, 1764581400.999, 1764581401.0005, 1764581400.5, 1e9 + 0.25,
+            1764581401.4)
+
+
+def test_text_lines_keep_loggings_own_time() -> None:
+    ours, stock = TextFormatter(), logging.Formatter()
+    for created in _CREATED:
+        record = _record_at(created)
+        assert ours.formatTime(record) == stock.formatTime(record), created
+
+
+def test_json_lines_give_the_utc_time_to_the_millisecond() -> None:
+    formatter = JsonFormatter()
+    for created in _CREATED:
+        record = _record_at(created)
+        stamp = datetime.fromtimestamp(int(created), UTC)
+        expected = stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(record.msecs):03d}Z"
+        assert json.loads(formatter.format(record))["time"] == expected, created
+
+
+def test_configured_lines_are_made_without_looking_up_their_caller(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def caller(*args: object, **kwargs: object) -> tuple[str, int, str, None]:
+        raise AssertionError("a configured line looked up its caller")
+
+    stream = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    for knob in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):
+        monkeypatch.setattr(logging, knob, getattr(logging, knob))  # restored after
+    monkeypatch.setattr(logging.Logger, "findCaller", caller)
+    try:
+        configure(LogSettings(format="text", level="INFO"), stream=stream)
+        with log_context(agent="s1"):
+            logging.getLogger("dsh_schedule.worker.dispatch").info("dispatched %s", "x")
+    finally:
+        for handler in list(root.handlers):
+            if type(handler).__name__ == "_Handler":
+                root.removeHandler(handler)
+        root.setLevel(level)
+    assert stream.getvalue().endswith(
+        " INFO dsh_schedule.worker.dispatch: dispatched x [agent=s1]\n")
 
 
 def test_rq_lines_get_their_own_level() -> None:
