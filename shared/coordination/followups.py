@@ -19,7 +19,6 @@ entries on every announcement.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -48,6 +47,7 @@ __all__ = [
 ]
 
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
+_PAIRS_ENCODER: Final = msgspec.json.Encoder()
 
 # KEYS[1] the agent's followup stream; ARGV[1] the frame text, ARGV[2] the pairs (compact
 # JSON), ARGV[3] the consumer group. Returns the entry id.
@@ -166,8 +166,9 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _encode_pairs(pairs: Sequence[Pair]) -> str:
-    return json.dumps([msgspec.to_builtins(p) for p in pairs], separators=(",", ":"))
+def _encode_pairs(pairs: Sequence[Pair]) -> bytes:
+    """``[{"scheduleId":…,"occurrenceAt":…},…]``, compact, as ``_PAIRS`` decodes it."""
+    return _PAIRS_ENCODER.encode(list(pairs))
 
 
 def stream_id_ms(entry_id: str) -> int:
@@ -215,7 +216,7 @@ class Followups:
         ``announce_many`` once it lets them go. The entry ids, in order."""
         written = run_script_batch(self._client, _ADD, [
             ([self._keys.followups(agent)],
-             [text.encode(), _encode_pairs(pairs).encode(), STREAM_GROUP])
+             [text.encode(), _encode_pairs(pairs), STREAM_GROUP])
             for agent, text, pairs in items
         ])
         return [_text(entry_id) for entry_id in written]
