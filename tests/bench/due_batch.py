@@ -11,6 +11,8 @@ redis-server CPU per transaction (from ``INFO``), and Redis's commands per trans
 name, with the microseconds Redis spent in each (``INFO commandstats``: a script's
 commands count both as themselves and inside its ``EVAL``). The worker's session store is
 cold, as in a burst: each session is read for the first time by its due transaction.
+``--log-format text|json`` writes the worker's log lines (one per dispatch) to
+``/dev/null`` in that format, as a worker process logs them; by default nothing is logged.
 ``--pause`` waits for a key press before the batch (print the pid, attach ``strace -c -f
 -p PID`` or ``py-spy record -p PID``, then press enter).
 """
@@ -32,7 +34,8 @@ from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.instant import format_instant
-from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.logging_setup import configure
+from dsh_schedule.shared.settings import LogSettings, Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.worker.due import DueOwner
 from tests.redis_server import RedisServer
@@ -44,7 +47,8 @@ def _redis_cpu(info: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure(server: RedisServer, agents: int, job: int, *, pause: bool) -> dict[str, Any]:
+def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
+            log_format: str | None = None) -> dict[str, Any]:
     client = server.client()
     client.flushdb()
     sessions = Path(tempfile.mkdtemp(prefix="due-batch-"))
@@ -68,6 +72,8 @@ def measure(server: RedisServer, agents: int, job: int, *, pause: bool) -> dict[
     owner = DueOwner(JsonlStore.from_settings(settings), Coordination(client, settings),
                      settings, clock=wall_clock_ms)
     tune_for_service()  # as the worker process does
+    if log_format is not None:
+        configure(LogSettings(format=log_format), stream=open(os.devnull, "w"))  # noqa: SIM115
     if pause:
         input(f"pid {os.getpid()}: press enter to run the batch ")
     client.config_resetstat()
@@ -87,7 +93,7 @@ def measure(server: RedisServer, agents: int, job: int, *, pause: bool) -> dict[
         if not name.startswith(("cmdstat_config", "cmdstat_info"))
     }
     return {
-        "agents": agents, "job": job, "outcomes": dict(outcomes),
+        "agents": agents, "job": job, "log_format": log_format, "outcomes": dict(outcomes),
         "worker_cpu_us": round(cpu_s / agents * 1e6, 1),
         "worker_wall_us": round(wall_s / agents * 1e6, 1),
         "redis_cpu_us": round(redis_s / agents * 1e6, 1),
@@ -102,10 +108,13 @@ def main() -> None:
                         help="wakes per job (the mover's MOVE_BATCH)")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--pause", action="store_true")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        help="log the worker's lines to /dev/null in this format")
     args = parser.parse_args()
     with RedisServer() as server:
         for _ in range(args.runs):
-            print(json.dumps(measure(server, args.agents, args.job, pause=args.pause)),
+            print(json.dumps(measure(server, args.agents, args.job, pause=args.pause,
+                                     log_format=args.log_format)),
                   flush=True)
 
 
