@@ -138,27 +138,6 @@ class _Relay:
             listener(agent)
 
 
-class _Captured:
-    """An agent as the sync plugin sees it: the tools it registers are kept, to be
-    registered on the async agent as async handlers."""
-
-    def __init__(self, agent_id: str, is_root: bool) -> None:
-        self._agent_id = agent_id
-        self._is_root = is_root
-        self.tools: list[tuple[ToolDefinition, ToolHandler]] = []
-
-    @property
-    def agent_id(self) -> str:
-        return self._agent_id
-
-    @property
-    def is_root(self) -> bool:
-        return self._is_root
-
-    def register_tool(self, definition: ToolDefinition, handler: ToolHandler) -> None:
-        self.tools.append((definition, handler))
-
-
 def _async_handler(handler: ToolHandler) -> AsyncToolHandler:
     async def call(args: Any) -> ToolResult:
         return await settle(handler, args)
@@ -219,11 +198,14 @@ class AsyncSchedulePlugin:
     async def _on_agent_created(self, agent: AsyncAgentHandle) -> None:
         if not agent.is_root:
             return
-        captured = _Captured(agent.agent_id, agent.is_root)
+        # The sync plugin registers its tools on this stand-in, and they are registered
+        # on the async agent as async handlers.
+        captured: AgentWithTools[ToolHandler] = AgentWithTools(agent.agent_id,
+                                                               is_root=agent.is_root)
         try:
             await settle(self._relay.publish, captured)  # registers, then grants the lease
         finally:
-            for definition, handler in captured.tools:
+            for definition, handler in captured.tools.values():
                 agent.register_tool(definition, _async_handler(handler))
             self.bridge.poke()
 
