@@ -139,8 +139,9 @@ def configure(options: LogSettings, *, level: str | None = None,
 
     No line of this process's formats names its caller, thread or process, so records
     are made without looking those up (the logging HOWTO's "Optimization"): a worker
-    logs a line per dispatch and a host one per delivery, and the lookups were a quarter
-    of a line's cost (docs/decisions.md#logging)."""
+    logs a line per dispatch and a host one per delivery, and these lookups and the
+    time's rendering (now once a second) were a third of a line's CPU
+    (docs/decisions.md#logging)."""
     logging._srcfile = None  # no findCaller
     logging.logThreads = False
     logging.logProcesses = False
