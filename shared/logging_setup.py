@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from typing import Final, TextIO
 
+import msgspec
+
 from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.settings import LogSettings
 
@@ -34,6 +36,9 @@ TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # logging's own rendering of ``asctime``: ``2026-12-01 09:10:00,123``, local time.
 _TIME_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
 _MSEC_FORMAT: Final = "%s,%03d"
+
+# Every value of a JSON line is a string.
+_LINE_ENCODER: Final = msgspec.json.Encoder()
 
 _EMPTY: Final[Mapping[str, str]] = {}
 _context: ContextVar[Mapping[str, str]] = ContextVar("dsh_schedule_log_context", default=_EMPTY)
@@ -70,7 +75,7 @@ def current_log_context() -> Mapping[str, str]:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ``time`` (UTC, to the millisecond), ``level``,
+    """One compact JSON object per line: ``time`` (UTC, to the millisecond), ``level``,
     ``logger``, ``message``, then ``agent``, ``schedule_id`` and ``wake_id`` where known,
     and ``exception`` (the traceback text) when the line carries one."""
 
@@ -88,7 +93,12 @@ class JsonFormatter(logging.Formatter):
             line["exception"] = record.exc_text
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
+        try:
+            return _LINE_ENCODER.encode(line).decode()
+        except UnicodeEncodeError:
+            # A lone surrogate (a name decoded with surrogateescape, say) is not UTF-8:
+            # the standard library writes it as it is, for the stream's error handler.
+            return json.dumps(line, ensure_ascii=False, separators=(",", ":"))
 
 
 class TextFormatter(logging.Formatter):
@@ -139,9 +149,7 @@ def configure(options: LogSettings, *, level: str | None = None,
 
     No line of this process's formats names its caller, thread or process, so records
     are made without looking those up (the logging HOWTO's "Optimization"): a worker
-    logs a line per dispatch and a host one per delivery, and these lookups and the
-    time's rendering (now once a second) were a third of a line's CPU
-    (docs/decisions.md#logging)."""
+    logs a line per dispatch and a host one per delivery (docs/decisions.md#logging)."""
     logging._srcfile = None  # no findCaller
     logging.logThreads = False
     logging.logProcesses = False

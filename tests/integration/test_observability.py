@@ -313,6 +313,19 @@ def test_json_lines_give_the_utc_time_to_the_millisecond() -> None:
         assert json.loads(formatter.format(record))["time"] == expected, created
 
 
+def test_a_json_line_is_one_compact_object_even_with_a_lone_surrogate() -> None:
+    formatter = JsonFormatter()
+    with log_context(agent="s\u00e9"):
+        plain = formatter.format(_record("caf\u00e9"))
+        odd = formatter.format(_record("name b'\\x80' as \udc80"))
+    assert plain.startswith('{"time":"') and '","level":"WARNING","logger":' in plain
+    assert json.loads(plain)["message"] == "caf\u00e9"
+    assert json.loads(plain)["agent"] == "s\u00e9"  # not \u-escaped: UTF-8 as it is
+    assert "\u00e9" in plain
+    assert json.loads(odd)["message"] == "name b'\\x80' as \udc80"
+    assert '","level":"WARNING",' in odd
+
+
 def test_configured_lines_are_made_without_looking_up_their_caller(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def caller(*args: object, **kwargs: object) -> tuple[str, int, str, None]:
