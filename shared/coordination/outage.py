@@ -4,11 +4,17 @@ Every long-running process (worker, scheduler, host bridge, reference host) keep
 through an outage. It tells the operator once when Redis goes away and once when it is
 back, never a traceback per retry (docs/architecture.md#outages). Every failed attempt
 counts in ``dsh_schedule_redis_errors_total`` (docs/architecture.md#operations).
+
+An outage is not only a lost connection: a Redis that answers but refuses the command for
+an operational reason (out of memory under ``noeviction``, a replica after a failover,
+too few replicas, loading its data, a busy script, a failed snapshot) is one too
+(``is_outage``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Final
@@ -20,6 +26,34 @@ from dsh_schedule.shared.core.errors import ScheduleError
 
 FIRST_DELAY_S: Final = 0.1
 MAX_DELAY_S: Final = 5.0
+
+# The error replies a healthy deployment meets in an ordinary week: each says "not now",
+# never "this command is wrong". redis-py strips the code from some of them (OOM,
+# READONLY, LOADING, MASTERDOWN, TRYAGAIN get classes of their own) and keeps it at the
+# start of the message for the others.
+OUTAGE_REPLY_CODES: Final = frozenset({
+    "OOM", "READONLY", "NOREPLICAS", "LOADING", "MASTERDOWN", "BUSY", "MISCONF",
+    "TRYAGAIN", "CLUSTERDOWN",
+})
+_OUTAGE_REPLY_CLASSES: Final = (
+    redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError,
+)
+_REPLY_CODE: Final = re.compile(r"(?:^|[\s:-])([A-Z]{3,11}) ")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis cannot serve us now (lost, slow, or refusing for an
+    operational reason) rather than that the command itself is wrong. Catch
+    ``redis.RedisError`` and re-raise what this says is not an outage."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailable):
+        return True  # BusyLoadingError (LOADING) and MaxConnectionsError among them
+    if isinstance(exc, _OUTAGE_REPLY_CLASSES):
+        return True
+    if isinstance(exc, redis.ResponseError):
+        # An older Redis wraps the reply of a call inside a script in its own text.
+        return any(code in OUTAGE_REPLY_CODES for code in _REPLY_CODE.findall(str(exc)))
+    return False
 
 
 class RedisUnavailable(ScheduleError, ConnectionError):
@@ -79,7 +113,9 @@ def wait_for_redis(
     while True:
         try:
             client.ping()
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except (redis.RedisError, OSError) as exc:
+            if isinstance(exc, redis.RedisError) and not is_outage(exc):
+                raise
             delay = outage.failed(exc)
             if deadline is not None:
                 left = deadline - time.monotonic()

@@ -1,0 +1,50 @@
+"""Which Redis failures are an outage to ride out, and which are a bug to raise
+(docs/architecture.md#outages)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from redis._parsers.base import BaseParser
+
+from dsh_schedule.shared.coordination.outage import RedisUnavailable, is_outage
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "OOM command not allowed when used memory > 'maxmemory'.",
+        "READONLY You can't write against a read only replica.",
+        "NOREPLICAS Not enough good replicas to write.",
+        "LOADING Redis is loading the dataset in memory",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
+        "ERR Error running script (call to f_0): @user_script:1: -OOM command not allowed",
+    ],
+)
+def test_an_error_reply_that_says_not_now_is_an_outage(reply: str) -> None:
+    assert is_outage(BaseParser.parse_error(reply))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "ERR wrong number of arguments for 'set' command",
+        "WRONGTYPE Operation against a key holding the wrong kind of value",
+        "BUSYKEY Target key name already exists.",
+        "NOSCRIPT No matching script. Please use EVAL.",
+        "ERR Error running script (call to f_0): @user_script:3: attempt to index a nil value",
+    ],
+)
+def test_an_error_reply_that_says_the_command_is_wrong_is_not(reply: str) -> None:
+    assert not is_outage(BaseParser.parse_error(reply))
+
+
+def test_lost_and_slow_connections_are_outages_and_other_errors_are_not() -> None:
+    assert is_outage(redis.ConnectionError("gone"))
+    assert is_outage(redis.TimeoutError("slow"))
+    assert is_outage(RedisUnavailable(5))
+    assert not is_outage(ValueError("bad"))
+    assert not is_outage(redis.DataError("bad argument"))
