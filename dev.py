@@ -7,7 +7,8 @@
     python3 dev.py lock    # refresh requirements.lock from pyproject.toml's ranges
 
 Each command creates ``.venv`` on first use and reinstalls when pyproject.toml or
-requirements.lock changes; the install takes its versions from requirements.lock.
+requirements.lock changes; the install takes its versions from requirements.lock. ``demo``
+installs the project alone; the other commands add its test extra.
 
 The tests start their own redis-server on a free port and stop it at the end; with
 DSH_SCHEDULE_TEST_REDIS=redis://HOST:PORT/DB in the environment (passed through as is)
@@ -21,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -36,23 +38,39 @@ def _constraints() -> list[str]:
     return ["--constraint", str(LOCK)] if LOCK.exists() else []
 
 
-def _ensure_venv() -> None:
+def _stamp(extra: str | None) -> str:
+    """What an install from this checkout's inputs with ``extra`` leaves in STAMP."""
     inputs = (ROOT / "pyproject.toml").read_bytes() + (LOCK.read_bytes() if LOCK.exists() else b"")
-    digest = hashlib.sha256(inputs).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == digest:
+    return f"{hashlib.sha256(inputs).hexdigest()} {extra or '-'}"
+
+
+def _ensure_venv(extra: str | None) -> None:
+    """A ``.venv`` holding the project (and ``extra``, when named) at the lock's versions.
+
+    The demo needs only the project itself (a few seconds to install); the tests and the
+    linters need the test extra (the frameworks, the browser driver, the linters), which
+    takes a minute or two the first time. An install with the test extra serves the demo
+    too, so the demo never installs less over it.
+    """
+    wanted = _stamp(extra)
+    have = STAMP.read_text() if STAMP.exists() else ""
+    if have in (wanted, _stamp("test")):
         return
+    started = time.monotonic()
     if not (BIN / "python").exists():
-        print("dev: creating .venv", file=sys.stderr)
+        print("dev: creating .venv", file=sys.stderr, flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    print("dev: installing the project and its test extra", file=sys.stderr)
+    what = "the project and its test extra" if extra else "the project (no extras)"
+    print(f"dev: installing {what} into .venv …", file=sys.stderr, flush=True)
     pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    target = f"{ROOT}[{extra}]" if extra else str(ROOT)
     # "compat" editable mode is a plain path entry, so PYTHONPATH can shadow the checkout.
     subprocess.run(
-        [*pip, *_constraints(), "-e", f"{ROOT}[test]", "--config-settings",
-         "editable_mode=compat"],
+        [*pip, *_constraints(), "-e", target, "--config-settings", "editable_mode=compat"],
         check=True,
     )
-    STAMP.write_text(digest)
+    STAMP.write_text(wanted)
+    print(f"dev: installed in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
 def _lock() -> int:
@@ -111,7 +129,7 @@ def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if command == "lock":
         return _lock()
-    _ensure_venv()
+    _ensure_venv(None if command == "demo" else "test")
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     if command == "test":
         _report_test_redis()
