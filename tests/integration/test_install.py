@@ -76,7 +76,7 @@ def test_a_regular_install_has_one_top_level_name_and_a_working_command(
     assert set(installed["top_level"]) == {"dsh_schedule"}
     assert top_level_names(installed["files"]) == {"dsh_schedule"}
     assert {"dsh_schedule/shared/core/fold.py", "dsh_schedule/worker/process.py",
-            "dsh_schedule/scheduler/process.py"} <= set(installed["files"])
+            "dsh_schedule/scheduler/process.py", "dsh_schedule/py.typed"} <= set(installed["files"])
 
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     command = subprocess.run(
