@@ -126,9 +126,10 @@ def cmd_call(args: argparse.Namespace) -> int:
 
     from dsh_schedule.host.tools import ScheduleTools
     from dsh_schedule.shared.coordination.agents import Coordination
-    from dsh_schedule.shared.coordination.connection import connect
+    from dsh_schedule.shared.coordination.connection import connect, connect_embedded
 
-    coordination = Coordination(connect(settings.redis_url), settings)
+    client = connect(settings.redis_url) if settings.redis_url else connect_embedded()
+    coordination = Coordination(client, settings)
     tools = ScheduleTools(store, coordination, settings=settings, clock=wall_clock_ms)
     result = tools.call(args.session, args.tool, arguments)
     print(result.content)
