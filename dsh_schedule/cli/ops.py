@@ -20,6 +20,7 @@ from dsh_schedule.cli.common import (
 )
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.terminal import terminal_json, terminal_text
 
 if TYPE_CHECKING:
     import redis
@@ -110,7 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+        sys.stdout.write(terminal_json(msgspec.json.encode(report).decode()) + "\n")
     else:
         print(status.render_status(report))
     return 0
@@ -144,7 +145,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         finally:
             client.close()
     if args.json:
-        sys.stdout.write(msgspec.json.encode(health).decode() + "\n")
+        sys.stdout.write(terminal_json(msgspec.json.encode(health).decode()) + "\n")
     else:
-        print(f"{'ok' if health.ok else 'unhealthy'}: {health.reason}")
+        print(f"{'ok' if health.ok else 'unhealthy'}: {terminal_text(health.reason)}")
     return 0 if health.ok else EXIT_UNHEALTHY
