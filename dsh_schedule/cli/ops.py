@@ -36,7 +36,17 @@ def cmd_web(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
+    from dsh_schedule.web.access import TOKEN_ENV, Access, AccessError
+
     stop_while_starting()
+    # How it is served is checked first: a console that would be open refuses to start.
+    access = Access(bind=args.bind, allowed_hosts=tuple(args.allowed_host),
+                    token=args.token or os.environ.get(TOKEN_ENV) or None,
+                    allow_remote=args.allow_remote)
+    try:
+        access.check()
+    except AccessError as exc:
+        raise CommandError(f"web: {exc}") from None
     settings = settings_of(args)
     scratch: tempfile.TemporaryDirectory[str] | None = None
     if settings.redis_url:
@@ -57,7 +67,9 @@ def cmd_web(args: argparse.Namespace) -> int:
             "pip install 'dsh-tool-schedule[web]'"
         ) from None
     try:
-        server = WebServer(Console(settings), host=args.bind, port=args.port)
+        server = WebServer(Console(settings), host=args.bind, port=args.port,
+                           allowed_hosts=access.allowed_hosts, token=access.token,
+                           allow_remote=access.allow_remote)
     except OSError as exc:
         raise CommandError(
             f"web: cannot listen on {args.bind}:{args.port} ({exc.strerror or exc})"
@@ -66,6 +78,7 @@ def cmd_web(args: argparse.Namespace) -> int:
              if settings.redis_url else "embedded Redis, worker and mover in this process")
     print(f"dsh-schedule web: {server.url} ({where}; sessions in {settings.sessions})",
           flush=True)
+    print(f"dsh-schedule web: {server.protection}", flush=True)
     try:
         server.serve()
     finally:

@@ -231,7 +231,20 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_arg, default=8321, metavar="PORT",
                    help="the port to listen on (default: 8321; 0: any free port)")
     p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
-                   help="the address to listen on (default: 127.0.0.1)")
+                   help="the address to listen on (default: 127.0.0.1); one that is not "
+                   "loopback needs --token or --allow-remote (docs/web.md#access)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a name (NAME or NAME:PORT) the Host header may carry besides the "
+                   "loopback names and the bound address, e.g. the name a proxy or DNS "
+                   "gives the console; repeatable. Any other Host is answered 421")
+    p.add_argument("--token", metavar="TOKEN",
+                   help="require this token (16 characters at least) on every request: "
+                   "'Authorization: Bearer TOKEN', or the cookie signing in at /login sets "
+                   "(default: DSH_SCHEDULE_WEB_TOKEN, which keeps it out of the process "
+                   "list; none: no token)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="serve a non-loopback --bind without a token: everyone who can "
+                   "reach it reads and drives every session")
     p.set_defaults(func=cmd_web)
 
     p = sub.add_parser("status", help="live agents, wakes, followups, workers and the "
