@@ -121,7 +121,7 @@ class Access:
         for name in self.allowed_hosts:
             if _split_host(name) is None:
                 raise AccessError(
-                    f"--allowed-host {terminal_text(name)!r} is not a host name or address "
+                    f"--allowed-host '{terminal_text(name)}' is not a host name or address "
                     "(NAME or NAME:PORT, e.g. console.internal or console.internal:8321)"
                 )
         if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
@@ -255,7 +255,7 @@ def _misdirected(host: str | None, rule: HostRule) -> str:
         shown = "no Host header"
     else:
         cut = host[:SHOWN_HOST_CHARS]
-        shown = f"Host {terminal_text(cut)!r}{'…' if len(host) > len(cut) else ''}"
+        shown = f"Host '{terminal_text(cut)}'{'…' if len(host) > len(cut) else ''}"
     return (f"refused: {shown} is not a name this console answers to (it listens on port "
             f"{rule.port}; --allowed-host NAME adds a name, docs/web.md#access)\n")
 
