@@ -22,7 +22,7 @@ from dsh_schedule.cli.common import (
     tool_args,
 )
 from dsh_schedule.shared.clock import wall_clock_ms
-from dsh_schedule.terminal import terminal_text
+from dsh_schedule.terminal import terminal_json, terminal_text
 
 if TYPE_CHECKING:
     from dsh_schedule.shared.store.jsonl import JsonlStore
@@ -67,7 +67,7 @@ def cmd_present(args: argparse.Namespace) -> int:
     session = read_session_file(Path(args.file))
     shown = reminder_presentation(session.events, args.seq, session.seed_length)
     # An event that is no dispatch has no receipt: its receipt value is null.
-    print(render(None if shown is None else receipt_value(shown)))
+    print(terminal_json(render(None if shown is None else receipt_value(shown))))
     return 0
 
 
@@ -135,7 +135,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     coordination = Coordination(client, settings)
     tools = ScheduleTools(store, coordination, settings=settings, clock=wall_clock_ms)
     result = tools.call(args.session, args.tool, arguments)
-    print(result.content)
+    print(terminal_json(result.content))  # a prompt may hold what JSON leaves raw
     return EXIT_TOOL_ERROR if result.is_error else 0
 
 

@@ -120,7 +120,12 @@ def where(client: redis.Redis) -> str:
 
 
 def dump(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+    """``value`` as one line of compact JSON, safe to print (ids from Redis may hold what
+    JSON leaves raw: ``terminal_json``)."""
+    from dsh_schedule.terminal import terminal_json
+
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    sys.stdout.write(terminal_json(text) + "\n")
 
 
 # -- argument types ---------------------------------------------------------------------

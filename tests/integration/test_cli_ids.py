@@ -87,6 +87,18 @@ def test_a_hostile_id_is_printed_escaped(sessions: Path,
     assert "\x1b" not in out and "\x9b" not in out and "\r" not in out
 
 
+def test_a_tool_answer_is_printed_as_json_safe_to_print(
+        sessions: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    prompt = "stretch \x9b2J\u2028now"
+    code = main(["call", "b1", "schedule_create",
+                 json.dumps({"prompt": prompt, "after_seconds": 600})])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.endswith("\n") and out[:-1].isprintable()
+    assert json.loads(out)["prompt"] == prompt  # the same value
+
+
 @pytest.mark.parametrize(("text", "shown"), [
     ("plain-id_1", "plain-id_1"),
     ("é and 日本", "é and 日本"),
