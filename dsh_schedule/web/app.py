@@ -107,7 +107,9 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _same_origin(request: Request) -> bool:
     """A form post from a page of another site is refused: the console acts for whoever
-    can reach it, so it takes input only from its own pages."""
+    can reach it, so it takes input only from its own pages. Comparing ``Origin`` with
+    ``Host`` means something because ``AccessGuard`` has already refused every ``Host``
+    that names no address of the console (a rebound name sends matching ones)."""
     if request.headers.get("sec-fetch-site") == "cross-site":
         return False
     origin = request.headers.get("origin")
