@@ -36,7 +36,11 @@ if TYPE_CHECKING:
     from dsh_schedule.host.tools import ScheduleTools
     from dsh_schedule.shared.clock import wall_clock_ms
     from dsh_schedule.shared.coordination.agents import Coordination
-    from dsh_schedule.shared.coordination.connection import connect
+    from dsh_schedule.shared.coordination.connection import (
+        RedisUrlMissing,
+        connect,
+        connect_embedded,
+    )
     from dsh_schedule.shared.core.catalog import (
         ToolDefinition,
         anthropic_tools,
@@ -73,6 +77,8 @@ _HOMES: Final[dict[str, str]] = {
     "NewEvent": "dsh_schedule.shared.core.events",
     "Coordination": "dsh_schedule.shared.coordination.agents",
     "connect": "dsh_schedule.shared.coordination.connection",
+    "connect_embedded": "dsh_schedule.shared.coordination.connection",
+    "RedisUrlMissing": "dsh_schedule.shared.coordination.connection",
     "Settings": "dsh_schedule.shared.settings",
     "ToolDefinition": "dsh_schedule.shared.core.catalog",
     "tool_definitions": "dsh_schedule.shared.core.catalog",
@@ -110,6 +116,7 @@ __all__ = [
     "JsonlStore",
     "MemoryStore",
     "NewEvent",
+    "RedisUrlMissing",
     "ReferenceHost",
     "SchedulePlugin",
     "ScheduleTools",
@@ -123,6 +130,7 @@ __all__ = [
     "anthropic_tools",
     "catalog_json",
     "connect",
+    "connect_embedded",
     "openai_tools",
     "tool_definitions",
     "wall_clock_ms",

@@ -18,7 +18,7 @@ from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.scheduler.process import RebuildReport, rebuild
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.connection import connect
+from dsh_schedule.shared.coordination.connection import connect_embedded
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.due import DueOwner
@@ -39,7 +39,7 @@ class EmbeddedSystem:
         on_delivery: Callable[[str, Delivery], None] | None = None,
         injected_clock: bool = False,
     ) -> None:
-        self.client = client if client is not None else connect(None)
+        self.client = client if client is not None else connect_embedded()
         self.settings = settings
         self.store = store
         self.clock = clock

@@ -33,6 +33,7 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.terminal import terminal_text
 
 HEARTBEAT_TTL_S: Final = 60
 HEARTBEAT_EVERY_S: Final = 1.0
@@ -338,7 +339,9 @@ def read_status(
 
 
 def render_status(status: Status) -> str:
-    """``status`` for a person: a few lines."""
+    """``status`` for a person: a few lines. Every name that came from Redis is shown
+    through ``terminal_text``: an id holding an escape sequence or a newline can neither
+    act on the terminal nor fake a line."""
     lines: list[str] = []
     beat = status.scheduler
     if beat is None:
@@ -346,14 +349,16 @@ def render_status(status: Status) -> str:
     else:
         lines.append(
             f"scheduler: heartbeat {beat.age_seconds:.1f} s old "
-            f"({'fresh' if beat.fresh else 'STALE'}; host {beat.host}, pid {beat.pid})"
+            f"({'fresh' if beat.fresh else 'STALE'}; host {terminal_text(beat.host)}, "
+            f"pid {beat.pid})"
         )
     last = status.last_reconcile
     if last is None:
         lines.append("last reconcile: none recorded")
     else:
         lines.append(
-            f"last {last.kind}: {last.at} ({last.age_seconds:.1f} s ago): {last.live} live, "
+            f"last {terminal_text(last.kind)}: {last.at} ({last.age_seconds:.1f} s ago): "
+            f"{last.live} live, "
             f"{last.woken} woken, {last.retired} retired"
         )
     ended = f" ({status.ended_agents} ended, not yet retired)" if status.ended_agents else ""
@@ -363,18 +368,20 @@ def render_status(status: Status) -> str:
                if status.oldest_overdue_seconds is not None else "none overdue")
     lines.append(f"scheduled wakes: {status.scheduled_wakes}; {overdue}")
     for wake in status.next_wakes:
+        named = "agent " + wake.agent if wake.agent is not None else wake.id
         lines.append(f"  next: {wake.due} (in {wake.due_in_seconds:.1f} s) "
-                     f"{'agent ' + wake.agent if wake.agent is not None else wake.id}")
+                     f"{terminal_text(named)}")
     lines.append(f"followups pending: {status.followups_pending}")
     for queue in status.queues:
-        workers = ", ".join(f"{w.name} ({w.state})" for w in queue.workers) or "none"
+        workers = ", ".join(f"{terminal_text(w.name)} ({terminal_text(w.state)})"
+                            for w in queue.workers) or "none"
         lines.append(
-            f"queue {queue.name}: {queue.live_agents} live agent(s), "
+            f"queue {terminal_text(queue.name)}: {queue.live_agents} live agent(s), "
             f"{queue.followups_pending} followup(s) pending, {queue.queued_jobs} queued "
             f"job(s); workers: {workers}"
         )
     verdict = "ok" if status.health.ok else "UNHEALTHY"
-    lines.append(f"health: {verdict}: {status.health.reason}")
+    lines.append(f"health: {verdict}: {terminal_text(status.health.reason)}")
     return "\n".join(lines)
 
 

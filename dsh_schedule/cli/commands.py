@@ -18,9 +18,11 @@ from dsh_schedule.cli.common import (
     require_redis,
     serve_metrics,
     settings_of,
+    shown_id,
     tool_args,
 )
 from dsh_schedule.shared.clock import wall_clock_ms
+from dsh_schedule.terminal import terminal_json, terminal_text
 
 if TYPE_CHECKING:
     from dsh_schedule.shared.store.jsonl import JsonlStore
@@ -65,7 +67,7 @@ def cmd_present(args: argparse.Namespace) -> int:
     session = read_session_file(Path(args.file))
     shown = reminder_presentation(session.events, args.seq, session.seed_length)
     # An event that is no dispatch has no receipt: its receipt value is null.
-    print(render(None if shown is None else receipt_value(shown)))
+    print(terminal_json(render(None if shown is None else receipt_value(shown))))
     return 0
 
 
@@ -97,10 +99,10 @@ def cmd_session(args: argparse.Namespace) -> int:
         store.create(
             SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
         )
-        print(args.id)
+        print(terminal_text(args.id))
     else:
         header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())
-        print(f"{header.id} (seedLength {header.seedLength})")
+        print(f"{terminal_text(header.id)} (seedLength {header.seedLength})")
     return 0
 
 
@@ -116,7 +118,8 @@ def cmd_call(args: argparse.Namespace) -> int:
     store = JsonlStore.from_settings(settings)
     if not store.exists(args.session):
         raise CommandError(
-            f"call: session {args.session!r} does not exist in {str(settings.sessions)!r}"
+            f"call: session {shown_id(args.session)} does not exist in "
+            f"{str(settings.sessions)!r}"
         )
     if settings.redis_url:
         await_redis(settings.redis_url, args.redis_wait, verbose=args.verbose)
@@ -126,12 +129,13 @@ def cmd_call(args: argparse.Namespace) -> int:
 
     from dsh_schedule.host.tools import ScheduleTools
     from dsh_schedule.shared.coordination.agents import Coordination
-    from dsh_schedule.shared.coordination.connection import connect
+    from dsh_schedule.shared.coordination.connection import connect, connect_embedded
 
-    coordination = Coordination(connect(settings.redis_url), settings)
+    client = connect(settings.redis_url) if settings.redis_url else connect_embedded()
+    coordination = Coordination(client, settings)
     tools = ScheduleTools(store, coordination, settings=settings, clock=wall_clock_ms)
     result = tools.call(args.session, args.tool, arguments)
-    print(result.content)
+    print(terminal_json(result.content))  # a prompt may hold what JSON leaves raw
     return EXIT_TOOL_ERROR if result.is_error else 0
 
 
@@ -207,7 +211,8 @@ def cmd_host(args: argparse.Namespace) -> int:
         store,
         coordination,
         settings,
-        on_delivery=lambda session, d: print(f"{session}: delivered {d.text!r}", flush=True),
+        on_delivery=lambda session, d: print(f"{terminal_text(session)}: delivered {d.text!r}",
+                                             flush=True),
     )
     host.open_roots(args.sessions_to_host)
     from dsh_schedule.shared.collector import tune_for_service
@@ -232,15 +237,10 @@ def cmd_host(args: argparse.Namespace) -> int:
 def _require_sessions(store: JsonlStore, sessions: Sequence[str]) -> None:
     """A host serves only sessions that exist: one that does not is a mistyped id or the
     wrong directory, and serving nothing for it would hide that."""
-    missing: list[str] = []
-    for session_id in sessions:
-        try:
-            if not store.exists(session_id):
-                missing.append(session_id)
-        except ValueError:
-            raise CommandError(f"host: {session_id!r} is not a valid session id") from None
+    missing = [session_id for session_id in sessions if not store.exists(session_id)]
     if missing:
-        shown = ", ".join(repr(m) for m in missing[:3]) + (" and more" if len(missing) > 3 else "")
+        more = " and more" if len(missing) > 3 else ""
+        shown = ", ".join(shown_id(m) for m in missing[:3]) + more
         raise CommandError(f"host: {len(missing)} session(s) do not exist in "
                            f"{str(store.root)!r}: {shown} (create them with "
                            "'dsh-schedule session create ID')")

@@ -120,7 +120,12 @@ def where(client: redis.Redis) -> str:
 
 
 def dump(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+    """``value`` as one line of compact JSON, safe to print (ids from Redis may hold what
+    JSON leaves raw: ``terminal_json``)."""
+    from dsh_schedule.terminal import terminal_json
+
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    sys.stdout.write(terminal_json(text) + "\n")
 
 
 # -- argument types ---------------------------------------------------------------------
@@ -188,6 +193,42 @@ def count_arg(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) > 10_000:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 10000")
     return int(text)
+
+
+SHOWN_ID_CHARS: Final = 40  # how much of a refused id an error line repeats
+
+
+def session_id_rule() -> str:
+    """The store's one rule for a session id (``shared/store/ids.py``), in words."""
+    from dsh_schedule.shared.store.ids import MAX_ESCAPED_LENGTH
+
+    return (f"a session id is a non-empty UTF-8 string that fits one file name: at most "
+            f"{MAX_ESCAPED_LENGTH} bytes once each byte other than a-z, 0-9, '_' and '-' "
+            "is written as 3 (docs/architecture.md#session-logs)")
+
+
+def shown_id(text: str) -> str:
+    """An id as an error line repeats it: escaped for the terminal, quoted, and cut
+    short when long."""
+    from dsh_schedule.terminal import terminal_text
+
+    cut = text if len(text) <= SHOWN_ID_CHARS else text[:SHOWN_ID_CHARS]
+    more = "" if cut is text else f"… ({len(text)} characters)"
+    return f"'{terminal_text(cut)}'{more}"
+
+
+def session_id_arg(text: str) -> str:
+    """A session id the store accepts: the one rule every subcommand taking an id goes
+    through, so a bad one is an argument error (one line, exit 2) before anything runs."""
+    from dsh_schedule.shared.store.ids import escape_session_id
+
+    try:
+        escape_session_id(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{shown_id(text)} is not a session id: {session_id_rule()}"
+        ) from None
+    return text
 
 
 def tool_args(text: str | None) -> Any:

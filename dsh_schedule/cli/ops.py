@@ -20,6 +20,7 @@ from dsh_schedule.cli.common import (
 )
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.terminal import terminal_json, terminal_text
 
 if TYPE_CHECKING:
     import redis
@@ -35,7 +36,17 @@ def cmd_web(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
+    from dsh_schedule.web.access import TOKEN_ENV, Access, AccessError
+
     stop_while_starting()
+    # How it is served is checked first: a console that would be open refuses to start.
+    access = Access(bind=args.bind, allowed_hosts=tuple(args.allowed_host),
+                    token=args.token or os.environ.get(TOKEN_ENV) or None,
+                    allow_remote=args.allow_remote)
+    try:
+        access.check()
+    except AccessError as exc:
+        raise CommandError(f"web: {exc}") from None
     settings = settings_of(args)
     scratch: tempfile.TemporaryDirectory[str] | None = None
     if settings.redis_url:
@@ -56,7 +67,9 @@ def cmd_web(args: argparse.Namespace) -> int:
             "pip install 'dsh-tool-schedule[web]'"
         ) from None
     try:
-        server = WebServer(Console(settings), host=args.bind, port=args.port)
+        server = WebServer(Console(settings), host=args.bind, port=args.port,
+                           allowed_hosts=access.allowed_hosts, token=access.token,
+                           allow_remote=access.allow_remote)
     except OSError as exc:
         raise CommandError(
             f"web: cannot listen on {args.bind}:{args.port} ({exc.strerror or exc})"
@@ -65,6 +78,7 @@ def cmd_web(args: argparse.Namespace) -> int:
              if settings.redis_url else "embedded Redis, worker and mover in this process")
     print(f"dsh-schedule web: {server.url} ({where}; sessions in {settings.sessions})",
           flush=True)
+    print(f"dsh-schedule web: {server.protection}", flush=True)
     try:
         server.serve()
     finally:
@@ -110,7 +124,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+        sys.stdout.write(terminal_json(msgspec.json.encode(report).decode()) + "\n")
     else:
         print(status.render_status(report))
     return 0
@@ -144,7 +158,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         finally:
             client.close()
     if args.json:
-        sys.stdout.write(msgspec.json.encode(health).decode() + "\n")
+        sys.stdout.write(terminal_json(msgspec.json.encode(health).decode()) + "\n")
     else:
-        print(f"{'ok' if health.ok else 'unhealthy'}: {health.reason}")
+        print(f"{'ok' if health.ok else 'unhealthy'}: {terminal_text(health.reason)}")
     return 0 if health.ok else EXIT_UNHEALTHY

@@ -29,6 +29,7 @@ from dsh_schedule.cli.common import (
     instant_arg,
     port_arg,
     seconds_arg,
+    session_id_arg,
 )
 from dsh_schedule.cli.ops import cmd_health, cmd_status, cmd_web
 from dsh_schedule.shared.settings import LOG_LEVELS, LogSettings, SettingsError
@@ -168,11 +169,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     _common(p, redis=False)
     session_sub = p.add_subparsers(dest="session_command", required=True)
     c = session_sub.add_parser("create")
-    c.add_argument("id")
+    c.add_argument("id", type=session_id_arg, metavar="ID",
+                   help="the new session's id (docs/architecture.md#session-logs)")
     c.add_argument("--time-zone")
     f = session_sub.add_parser("fork")
-    f.add_argument("parent")
-    f.add_argument("child")
+    f.add_argument("parent", type=session_id_arg, metavar="PARENT",
+                   help="the session to fork")
+    f.add_argument("child", type=session_id_arg, metavar="CHILD",
+                   help="the new session's id")
     for subparser in (c, f):
         _verbose(subparser)
         # Accepted after the subcommand too, without overriding one given before it.
@@ -182,7 +186,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("call", help="run one tool call as the host would")
     _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
-    p.add_argument("session", metavar="SESSION")
+    p.add_argument("session", type=session_id_arg, metavar="SESSION",
+                   help="the session (the agent's root session id) the call is made in")
     p.add_argument("tool", metavar="TOOL", help="a tool name that `dsh-schedule catalog` lists")
     p.add_argument("args_json", nargs="?", metavar="ARGS_JSON",
                    help="the tool's arguments as a JSON object (default: {})")
@@ -216,7 +221,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p = sub.add_parser("host", help="run the reference host for sessions")
     _common(p)
     _metrics_flags(p)
-    p.add_argument("sessions_to_host", nargs="+", metavar="SESSION")
+    p.add_argument("sessions_to_host", nargs="+", type=session_id_arg, metavar="SESSION",
+                   help="the sessions (root session ids) to serve")
     p.set_defaults(func=cmd_host)
 
     p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
@@ -225,7 +231,20 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_arg, default=8321, metavar="PORT",
                    help="the port to listen on (default: 8321; 0: any free port)")
     p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
-                   help="the address to listen on (default: 127.0.0.1)")
+                   help="the address to listen on (default: 127.0.0.1); one that is not "
+                   "loopback needs --token or --allow-remote (docs/web.md#access)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a name (NAME or NAME:PORT) the Host header may carry besides the "
+                   "loopback names and the bound address, e.g. the name a proxy or DNS "
+                   "gives the console; repeatable. Any other Host is answered 421")
+    p.add_argument("--token", metavar="TOKEN",
+                   help="require this token (16 characters at least) on every request: "
+                   "'Authorization: Bearer TOKEN', or the cookie signing in at /login sets "
+                   "(default: DSH_SCHEDULE_WEB_TOKEN, which keeps it out of the process "
+                   "list; none: no token)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="serve a non-loopback --bind without a token: everyone who can "
+                   "reach it reads and drives every session")
     p.set_defaults(func=cmd_web)
 
     p = sub.add_parser("status", help="live agents, wakes, followups, workers and the "

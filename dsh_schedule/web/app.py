@@ -35,6 +35,17 @@ from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
 from dsh_schedule.status import Status
 from dsh_schedule.web import model
+from dsh_schedule.web.access import (
+    COOKIE,
+    LOGIN_PATH,
+    Access,
+    AccessGuard,
+    Asgi,
+    Scope,
+    cookie_value,
+    refused_without_token,
+    token_matches,
+)
 from dsh_schedule.web.console import Console, ConsoleError
 
 HERE: Final = Path(__file__).resolve().parent
@@ -96,7 +107,9 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _same_origin(request: Request) -> bool:
     """A form post from a page of another site is refused: the console acts for whoever
-    can reach it, so it takes input only from its own pages."""
+    can reach it, so it takes input only from its own pages. Comparing ``Origin`` with
+    ``Host`` means something because ``AccessGuard`` has already refused every ``Host``
+    that names no address of the console (a rebound name sends matching ones)."""
     if request.headers.get("sec-fetch-site") == "cross-site":
         return False
     origin = request.headers.get("origin")
@@ -105,11 +118,34 @@ def _same_origin(request: Request) -> bool:
     return urlsplit(origin).netloc == request.headers.get("host")
 
 
-def create_app(console: Console) -> FastAPI:
+def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
+    """The console's app as served on ``port`` the way ``access`` says: every request,
+    static files included, passes the Host check and (with a token) the token check
+    first (docs/web.md#access)."""
     app = FastAPI(title="dsh-schedule web console", docs_url=None, redoc_url=None,
                   openapi_url=None)
     env = template_environment()
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    def login_page(status_code: int, error: str | None = None) -> HTMLResponse:
+        return HTMLResponse(env.get_template("login.html").render(error=error),
+                            status_code=status_code, headers={
+                                "Cache-Control": "no-store",
+                                "WWW-Authenticate": 'Bearer realm="dsh-schedule web"',
+                            } if status_code == 401 else {"Cache-Control": "no-store"})
+
+    def unauthorized(scope: Scope) -> Asgi:
+        """A page a browser asked for is answered with the sign-in form; anything else
+        with one line."""
+        accept = next((bytes(v).decode("latin-1") for k, v in scope.get("headers", [])
+                       if bytes(k).lower() == b"accept"), "")
+        if scope.get("method") == "GET" and "text/html" in accept:
+            return login_page(401)
+        return refused_without_token()
+
+    app.add_middleware(AccessGuard, access=access, port=port, unauthorized=unauthorized)
+    if access.token is not None:
+        _login_routes(app, access.token, login_page)
 
     def render(name: str, **context: Any) -> str:
         return env.get_template(name).render(
@@ -267,6 +303,32 @@ def create_app(console: Console) -> FastAPI:
         return Response(msgspec.json.encode(status), media_type="application/json")
 
     return app
+
+
+def _login_routes(app: FastAPI, token: str,
+                  login_page: Callable[..., HTMLResponse]) -> None:
+    """``GET /login`` shows the sign-in form; ``POST /login`` with the right token sets
+    the cookie (HttpOnly, SameSite=Strict, a digest of the token) and goes to the
+    sessions."""
+
+    @app.get(LOGIN_PATH, response_class=HTMLResponse)
+    async def login_form() -> HTMLResponse:
+        return login_page(200)
+
+    @app.post(LOGIN_PATH, response_model=None)
+    async def login(request: Request) -> Response:
+        if not _same_origin(request):
+            return PlainTextResponse("refused: a form of another site", status_code=403)
+        try:
+            offered = (await _form(request)).get("token", "")
+        except ConsoleError as exc:
+            return login_page(400, str(exc))
+        if not token_matches(token, offered.strip()):
+            return login_page(401, "That is not the console's token.")
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, cookie_value(token), httponly=True, samesite="strict",
+                            path="/")
+        return response
 
 
 def _stream(events: AsyncIterator[str]) -> StreamingResponse:

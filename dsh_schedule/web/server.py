@@ -12,11 +12,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from types import FrameType
 from typing import Final
 
 import uvicorn
 
+from dsh_schedule.web.access import Access
 from dsh_schedule.web.app import create_app
 from dsh_schedule.web.console import Console
 
@@ -49,18 +51,37 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class WebServer:
-    """The console's app on ``host:port`` (port 0: any free port)."""
+    """The console's app on ``host:port`` (port 0: any free port), answering the Host
+    names ``allowed_hosts`` adds to those of the address, and, with a ``token``, only to
+    requests that carry it (docs/web.md#access). ``AccessError`` before anything is bound
+    for a way of serving that would leave it open: a non-loopback ``host`` without a
+    token or ``allow_remote``."""
 
     def __init__(self, console: Console, *, host: str = "127.0.0.1",
-                 port: int = DEFAULT_PORT) -> None:
+                 port: int = DEFAULT_PORT, allowed_hosts: Sequence[str] = (),
+                 token: str | None = None, allow_remote: bool = False) -> None:
         self.console = console
+        self.access = Access(bind=host, allowed_hosts=tuple(allowed_hosts), token=token,
+                             allow_remote=allow_remote)
+        self.access.check()
         self.socket = _bind(host, port)
         config = uvicorn.Config(
-            create_app(console), log_config=None, access_log=False, lifespan="off",
+            create_app(console, access=self.access, port=self.port),
+            log_config=None, access_log=False, lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_S, server_header=False,
         )
         self.server = _Server(config, console)
         self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        port: int = self.socket.getsockname()[1]
+        return port
+
+    @property
+    def protection(self) -> str:
+        """One line on who may use the console (the start-up line prints it)."""
+        return self.access.protection(self.port)
 
     @property
     def url(self) -> str:

@@ -261,7 +261,7 @@ def test_a_host_for_a_missing_session_says_so_before_it_waits_for_redis(
     assert "2 session(s) do not exist" in line and "'nobody', 'ghost'" in line
     assert "'s'" not in line  # the one that exists is not named
     line = one_line_error(cli("host", "x" * 300, env=env))  # too long for a file name
-    assert "is not a valid session id" in line
+    assert "is not a session id: a session id is" in line
 
 
 def test_call_runs_every_catalog_tool(session_dir: dict[str, str]) -> None:

@@ -28,7 +28,8 @@ print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)), file=sys.std
 EXPECTED_API = {
     "SchedulePlugin", "CompositionError", "AgentHandle", "AgentEvents", "ToolHandler",
     "ScheduleTools", "HostBridge", "Delivery", "ReferenceHost", "JsonlStore", "MemoryStore",
-    "SessionStore", "SessionHeader", "NewEvent", "Coordination", "connect", "Settings",
+    "SessionStore", "SessionHeader", "NewEvent", "Coordination", "connect", "connect_embedded",
+    "RedisUrlMissing", "Settings",
     "ToolDefinition", "tool_definitions", "catalog_json", "openai_tools", "anthropic_tools",
     "ToolResult", "wall_clock_ms", "__version__",
     # the asyncio host API

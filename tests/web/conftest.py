@@ -71,10 +71,31 @@ def web_settings(root: Path, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
+def embedded_env() -> dict[str, str]:
+    """The environment of a command that names no Redis, sessions or token of its own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
+
+
+@pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     """An embedded console (in-process Redis, worker and mover) on a free port."""
     console = Console(web_settings(tmp_path))
     server = WebServer(console, port=0)
+    server.start()
+    try:
+        yield Served(console, server)
+    finally:
+        server.stop()
+
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+@pytest.fixture
+def served_with_token(tmp_path: Path) -> Iterator[Served]:
+    """An embedded console on a free port that requires ``TOKEN`` on every request."""
+    console = Console(web_settings(tmp_path))
+    server = WebServer(console, port=0, token=TOKEN)
     server.start()
     try:
         yield Served(console, server)

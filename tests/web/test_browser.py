@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from dsh_schedule.shared.core.instant import format_instant, to_ms
 from tests.support import reminder_texts
-from tests.web.conftest import Served
+from tests.web.conftest import TOKEN, Served
 
 pytestmark = pytest.mark.browser
 
@@ -201,3 +201,28 @@ def test_the_operations_page_shows_the_status_and_the_lateness_of_deliveries(
     counts = [int(text) for text in page.locator("#lateness td.num").all_inner_texts()]
     assert sum(counts) == 1
     page.screenshot(path=artifacts / "operations.png", full_page=True)
+
+
+def test_with_a_token_a_browser_signs_in_once_and_the_live_page_works(
+        served_with_token: Served, browser: Browser) -> None:
+    served = served_with_token
+    served.console.create_session("guarded", "Europe/Berlin")
+    page = open_page(browser, "Europe/Berlin")
+    # Without the cookie, a page is the sign-in form, and a wrong token is said to be so.
+    page.goto(served.at("/session/guarded"))
+    expect(page.locator("form#login")).to_be_visible()
+    expect(page.locator("body")).not_to_contain_text("guarded")
+    page.fill("#token", "not-the-token-at-all")
+    page.click("form#login button")
+    expect(page.locator("#login-error")).to_contain_text("not the console's token")
+    page.fill("#token", TOKEN)
+    page.click("form#login button")
+    page.wait_for_url(served.url)
+    expect(page.locator('tr[data-session="guarded"]')).to_be_visible()
+    # The cookie carries the scripts, the forms and the live stream.
+    page.goto(served.at("/session/guarded"))
+    page.evaluate("window.__sameDocument = true")
+    send(page, "remind me in 2 seconds to stretch")
+    reminder = page.locator("#transcript .msg.reminder")
+    expect(reminder.locator(".reminder-prompt")).to_have_text("stretch", timeout=ARRIVAL_S * 1000)
+    assert page.evaluate("window.__sameDocument") is True

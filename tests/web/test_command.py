@@ -3,7 +3,6 @@ with ``--redis`` (worker and scheduler processes beside it, on the suite's real 
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -60,11 +59,6 @@ def end(web: WebProcess) -> None:
         web.proc.wait()
     if web.proc.stdout is not None:
         web.proc.stdout.close()
-
-
-@pytest.fixture
-def embedded_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
 
 
 @pytest.fixture
