@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import threading
 import time
@@ -416,3 +417,25 @@ def test_async_serve_rides_out_a_full_disk_and_an_error_reply(
     assert _lines(caplog, "async host: Redis unavailable") == 1
     assert _lines(caplog, "async host: Redis is back") == 1
     assert _lines(caplog, "delivering followups") == 0
+
+
+def test_a_tool_call_on_a_full_disk_answers_persistence_uncertain_and_changes_nothing(
+    private: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the tool contract already says, on the store's own ENOSPC (a check, not a
+    change): a create whose append the disk refuses is not confirmed and leaves nothing;
+    once space returns the same call succeeds."""
+    store = JsonlStore(settings.sessions)
+    disk = FullDisk(store, monkeypatch)
+    host = ReferenceHost(store, Coordination(private, settings), settings)
+    session = new_session(store, "s1")
+    host.open_root(session)
+    _definition, create = host.agents[session].tools["schedule_create"]
+    disk.fill()
+    refused = create({"prompt": "later", "after_seconds": 60})
+    assert refused.is_error
+    assert json.loads(refused.content)["code"] == "persistence_uncertain"
+    assert store.load(session)[1].active == ()
+    disk.free()
+    assert not create({"prompt": "later", "after_seconds": 60}).is_error
+    assert [r.id for r in store.load(session)[1].active] == ["schedule-1"]
