@@ -106,7 +106,7 @@ class ReferenceHost:
         self.agents: dict[str, Agent] = {}
         self._on_delivery = on_delivery
         self._disk = DiskOutage(log, "host")
-        # Turns delivered whose end the store could not take yet: agent -> (turn, answer).
+        # Open turns whose end the store has not taken yet: agent -> (turn, answer).
         self._unfinished: dict[str, tuple[int, str]] = {}
 
     def open_root(self, session_id: str) -> Agent:
@@ -133,7 +133,9 @@ class ReferenceHost:
         tool_calls: Sequence[tuple[str, dict[str, Any]]] = (),
         time_context: bool = False,
     ) -> list[ToolResult]:
-        """One user turn whose scripted model makes ``tool_calls`` and then answers."""
+        """One user turn whose scripted model makes ``tool_calls`` and then answers. A
+        store failure once the turn is open raises, and its end is appended before
+        anything else this host does in the session."""
         agent = self.agents[session_id]
         source: dict[str, Any] = {"kind": "user", "rpcId": f"rpc-{self.clock()}"}
         if client_time_zone is not None:
@@ -150,6 +152,8 @@ class ReferenceHost:
             opening.append(NewEvent(type=STEP_START, time=self.clock(),
                                     data={"turn": turn, "step": 0}))
             self._append(session_id, opening)
+            # From here on the turn is open: whatever fails, its end is owed.
+            self._unfinished[session_id] = (turn, "Done.")
             for name, args in tool_calls:
                 _definition, handler = agent.tools[name]
                 result = handler(args)
@@ -159,7 +163,8 @@ class ReferenceHost:
                     NewEvent(type=TOOL_RESULT, time=self.clock(),
                              data={"content": result.content, "isError": result.is_error}),
                 ])
-            self._finish_turn(session_id, turn, "Done.")
+            if (failure := self._finish_unfinished(session_id)) is not None:
+                raise failure
         return results
 
     # -- followups ------------------------------------------------------------------
@@ -352,7 +357,7 @@ class ReferenceHost:
 
     def _finish_unfinished(self, session_id: str, *, flush: bool = True,
                            at: int | None = None) -> PersistenceError | None:
-        """Append the kept end of the agent's last delivered turn, if any (its turn phase
+        """Append the kept end of the agent's open turn, if any (its turn phase
         held); None once nothing is left open, else the store's failure."""
         kept = self._unfinished.get(session_id)
         if kept is None:

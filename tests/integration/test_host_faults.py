@@ -30,6 +30,7 @@ from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.scheduler.process import SchedulerLoop
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import (
     STEP_END,
     STEP_START,
@@ -438,4 +439,29 @@ def test_a_tool_call_on_a_full_disk_answers_persistence_uncertain_and_changes_no
     assert store.load(session)[1].active == ()
     disk.free()
     assert not create({"prompt": "later", "after_seconds": 60}).is_error
+    assert [r.id for r in store.load(session)[1].active] == ["schedule-1"]
+
+
+def test_a_prompt_turn_the_disk_would_not_end_is_ended_once_space_returns(
+    private: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a user turn whose tool call is confirmed, and then the disk is full
+    store = JsonlStore(settings.sessions)
+    disk = FullDisk(store, monkeypatch)
+    host = ReferenceHost(store, Coordination(private, settings), settings)
+    session = new_session(store, "s1")
+    host.open_root(session)
+    host.serve(0.0)
+    disk.fill(after=3)  # the turn's opening, the create, the tool call and its result
+    # when the turn's end cannot be appended
+    with pytest.raises(PersistenceError):
+        host.prompt(session, "remind me", tool_calls=[
+            ("schedule_create", {"prompt": "later", "after_seconds": 60})])
+    assert len(open_turns(store.read(session).events)) == 1
+    # then the host appends it once the disk takes writes, and nothing else before it
+    disk.free()
+    host.serve(0.0)
+    events = store.read(session).events
+    assert open_turns(events) == []
+    assert [e.type for e in events][-2:] == [STEP_END, TURN_END]
     assert [r.id for r in store.load(session)[1].active] == ["schedule-1"]
