@@ -115,8 +115,9 @@ def private(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def own(settings: Settings, redis_server: RedisServer) -> Settings:
-    """The suite's test settings, on the test's own Redis."""
-    return msgspec.structs.replace(settings, redis_url=redis_server.url())
+    """The suite's test settings, on the test's own Redis, renewing leases every second
+    (so a refusal of a second and a half spans a renewal)."""
+    return msgspec.structs.replace(settings, redis_url=redis_server.url(), lease_renew_s=1.0)
 
 
 def _lines(caplog: pytest.LogCaptureFixture, text: str) -> int:
@@ -226,10 +227,11 @@ def test_the_scheduler_loop_rides_out_an_error_reply_and_rebuilds_afterwards(
     loop = Running(scheduler.run, scheduler.stop)
     try:
         assert wait_until(lambda: last_pass() == "reconcile", timeout=10)
-        # when Redis refuses writes for a while
+        # when Redis refuses writes for longer than a reconcile interval (each pass writes
+        # its summary, each second the heartbeat)
         restore = refuse_writes(private, how)
         try:
-            time.sleep(2.0)
+            time.sleep(settings.reconcile_interval_s + 1.0)
             alive_through_it = loop.alive
         finally:
             restore()
