@@ -467,3 +467,27 @@ def test_a_prompt_turn_the_disk_would_not_end_is_ended_once_space_returns(
     assert open_turns(events) == []
     assert [e.type for e in events][-2:] == [STEP_END, TURN_END]
     assert [r.id for r in store.load(session)[1].active] == ["schedule-1"]
+
+
+def test_a_turn_heartbeat_rides_out_an_error_reply_with_one_line_each_way(
+    private: redis.Redis, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # given a turn held through the bridge, its phase renewed every turn_renew_s
+    caplog.set_level(logging.INFO)
+    coordination = Coordination(private, settings)
+    host = ReferenceHost(JsonlStore(settings.sessions), coordination, settings)
+    session = new_session(host.store, "s1")
+    host.open_root(session)
+    with host.plugin.bridge.turn(session):
+        # when Redis refuses writes across two renewals, then takes them again
+        restore = refuse_writes(private, "NOREPLICAS")
+        try:
+            time.sleep(2 * settings.turn_renew_s + 0.5)
+        finally:
+            restore()
+        time.sleep(settings.turn_renew_s + 0.5)
+        # then the heartbeat said so once each way, and renews the phase again
+        assert _lines(caplog, "turn heartbeat of s1: Redis unavailable") == 1
+        assert _lines(caplog, "turn heartbeat of s1: Redis is back") == 1
+        ttl_ms = private.pttl(coordination.keys.phase(session))
+        assert ttl_ms > (settings.turn_ttl_s - settings.turn_renew_s - 1) * 1000
