@@ -38,7 +38,7 @@ from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
-from dsh_schedule.shared.coordination.outage import Outage
+from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -245,8 +245,9 @@ def _slice_of(agent: str) -> int:
 
 class SchedulerLoop:
     """The mover every ``mover_interval_s``, a rebuild at start and an incremental
-    reconcile every ``reconcile_interval_s``; through a Redis outage it waits with backoff
-    and rebuilds once Redis is back (docs/architecture.md#outages)."""
+    reconcile every ``reconcile_interval_s``; through a Redis outage (``is_outage``: lost,
+    or refusing for an operational reason) it waits with backoff and rebuilds once Redis
+    is back (docs/architecture.md#outages)."""
 
     def __init__(self, coord: Coordination, settings: Settings) -> None:
         self._coord = coord
@@ -267,10 +268,11 @@ class SchedulerLoop:
                     next_reconcile = time.monotonic() + self._settings.reconcile_interval_s
                 self._move()
                 self._beat()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                self.stop.wait(self._outage.failed(exc))
-                continue
-            except Exception:
+                pause_s, exact = self._pause_s()
+            except Exception as exc:
+                if is_outage(exc):  # lost, or an error reply saying "not now"
+                    self.stop.wait(self._outage.failed(exc))
+                    continue
                 # The mover must keep moving: log, and try again on the next pass.
                 log.exception("scheduler pass failed")
                 self.stop.wait(1.0)
@@ -279,7 +281,6 @@ class SchedulerLoop:
                 # Redis may have lost everything: rebuild now
                 next_reconcile = 0.0
                 self._rebuild_next = True
-            pause_s, exact = self._pause_s()
             self._wait(pause_s, exact=exact)
         log.info("scheduler stopped")
         return 0
@@ -306,7 +307,9 @@ class SchedulerLoop:
                 self.stop.wait(min(left, NUDGE_POLL_S))
                 if client.lpop(nudge) is not None:
                     return
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except redis.RedisError as exc:
+            if not is_outage(exc):
+                raise
             self.stop.wait(self._outage.failed(exc))
 
     def _pause_s(self) -> tuple[float, bool]:

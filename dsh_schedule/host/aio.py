@@ -14,7 +14,7 @@ delivery gate and every session file read or write run in a worker thread
   reminders delivered into the session;
 - ``plugin.serve(on_delivery, stop)``, the whole followup loop of a host: leases, pushed
   delivery, each reminder in a turn of its own, many agents served at once, Redis outages
-  ridden out.
+  and a full or read-only disk ridden out.
 
 The bridge and the tools live in ``aiobridge.py``, re-exported here.
 
@@ -55,8 +55,9 @@ from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import is_embedded
 from dsh_schedule.shared.coordination.lock import LockUnavailable
-from dsh_schedule.shared.coordination.outage import Outage
+from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
 from dsh_schedule.shared.core.catalog import ToolDefinition
+from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
@@ -185,6 +186,7 @@ class AsyncSchedulePlugin:
         self._relay = _Relay()
         self.sync.load(self._relay)
         self._unsubscribe: Callable[[], None] | None = None
+        self._disk = DiskOutage(log, "async host")
 
     @property
     def installed(self) -> list[str]:
@@ -250,9 +252,18 @@ class AsyncSchedulePlugin:
         two of them. An agent whose turn or lock is busy is looked at again a second
         later. Once ``stop`` is set, the turns in progress end before ``serve`` returns
         (cancelling ``serve`` cancels them, and each releases its turn). Through a Redis
-        outage it keeps running, says once that Redis went away and once that it is
-        back, then renews every lease first and looks at every agent once more
-        (docs/architecture.md#outages).
+        outage (``is_outage``: a lost connection, or an error reply such as OOM,
+        READONLY or NOREPLICAS) it keeps running, says once that Redis went away and once
+        that it is back, then renews every lease first and looks at every agent once more
+        (docs/architecture.md#outages); any other Redis error is raised.
+
+        A full or read-only disk (``disk_outage_errno``) is an outage too, said once when
+        it starts and once when a write succeeds again. A reminder the gate could not
+        append is delivered once the disk takes it. When ``on_delivery`` raises such a
+        ``PersistenceError``, the turn stays held and ``on_delivery(agent, delivery)`` is
+        awaited again, with backoff, until it returns (so the handler appends from where
+        its log stopped) or ``stop`` is set: no delivered turn is left open while
+        ``serve`` runs.
         """
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
@@ -289,10 +300,13 @@ class AsyncSchedulePlugin:
                         if agent in serving:
                             named_again.add(agent)
                             continue
-                        task = asyncio.create_task(self._serve_task(agent, on_delivery))
+                        task = asyncio.create_task(
+                            self._serve_task(agent, on_delivery, stop))
                         serving[agent] = task
                         task.add_done_callback(functools.partial(finished, agent))
-                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                except redis.RedisError as exc:
+                    if not is_outage(exc):
+                        raise
                     next_renew = 0.0  # renew first thing once Redis is back
                     recheck = True
                     try:
@@ -309,18 +323,24 @@ class AsyncSchedulePlugin:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _serve_task(self, agent: str, on_delivery: DeliveryHandler) -> None:
-        """One agent's delivery in a task of its own; a Redis failure hands the agent
+    async def _serve_task(self, agent: str, on_delivery: DeliveryHandler,
+                          stop: asyncio.Event) -> None:
+        """One agent's delivery in a task of its own; a Redis outage hands the agent
         back (the loop meets the outage itself)."""
         try:
             with log_context(agent=agent):
-                await self._serve_one(agent, on_delivery)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            log.debug("delivery for %s stopped: Redis unavailable (%s)", agent,
-                      type(exc).__name__)
-            self.bridge.later([agent], 0.0)
+                await self._serve_one(agent, on_delivery, stop)
+        except redis.RedisError as exc:
+            if is_outage(exc):
+                log.debug("delivery for %s stopped: Redis unavailable (%s)", agent,
+                          type(exc).__name__)
+                self.bridge.later([agent], 0.0)
+                return
+            log.exception("delivering followups for %s failed", agent)
+            self.bridge.later([agent], self.settings.followup_stale_s)
 
-    async def _serve_one(self, agent: str, on_delivery: DeliveryHandler) -> None:
+    async def _serve_one(self, agent: str, on_delivery: DeliveryHandler,
+                         stop: asyncio.Event) -> None:
         bridge = self.bridge
         stale_s = self.settings.followup_stale_s
         if agent not in self.installed or await bridge.waiting(agent) == 0:
@@ -331,15 +351,43 @@ class AsyncSchedulePlugin:
                 return
             async with bridge.turn(agent, wait_s=TURN_WAIT_S):
                 async for delivery in bridge.deliveries(agent):
-                    await on_delivery(agent, delivery)
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise
+                    if not await self._run_turn(agent, delivery, on_delivery, stop):
+                        return
         except (TurnBusy, LockUnavailable):
             bridge.later([agent], BUSY_RETRY_S)
             return
-        except Exception:
+        except Exception as exc:
+            if is_outage(exc):
+                raise
+            if isinstance(exc, PersistenceError) and disk_outage_errno(exc):
+                # Nothing of this delivery was appended: it is delivered once the disk
+                # takes it.
+                bridge.later([agent], self._disk.failed(exc))
+                return
             log.exception("delivering followups for %s failed", agent)
             bridge.later([agent], stale_s)
             return
         if await bridge.waiting(agent):
             bridge.later([agent], stale_s)
+
+    async def _run_turn(self, agent: str, delivery: Delivery, on_delivery: DeliveryHandler,
+                        stop: asyncio.Event) -> bool:
+        """Await ``on_delivery`` for a delivered reminder, again after each disk failure it
+        raises (the turn stays held), until it returns: True; False when ``stop`` came
+        first (the turn is left open, and said so)."""
+        while True:
+            try:
+                await on_delivery(agent, delivery)
+            except PersistenceError as exc:
+                if not disk_outage_errno(exc):
+                    raise
+                delay = self._disk.failed(exc)
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                except TimeoutError:
+                    continue
+                log.warning("turn %d of %s left open: the disk took no write before the "
+                            "host stopped", delivery.turn, agent)
+                return False
+            self._disk.succeeded()
+            return True

@@ -29,11 +29,11 @@ from contextlib import contextmanager
 import redis
 
 from dsh_schedule.host.gate import Delivery, DeliveryGate, DeliveryRound
-from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
 from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.ledger import LedgerCache
@@ -290,18 +290,23 @@ class HostBridge:
 
     def _heartbeat(self, agents: list[str], token: str, stop: threading.Event) -> None:
         """Renew the turn phases of ``agents`` until ``stop``; an agent whose phase was lost
-        is renewed no more, and the beat ends when none is left."""
+        is renewed no more, and the beat ends when none is left. Through a Redis outage
+        (``is_outage``) it keeps beating, with one line when the renewals start to fail
+        and one when they succeed again: the turns go on, and Redis may be back before
+        the TTL. Any other Redis error ends the beat (logged); the phase then expires."""
         settings = self._settings
+        outage = Outage(log, f"turn heartbeat of {_named(agents)}")
         while agents and not stop.wait(settings.turn_renew_s):
             try:
                 renewed = self._coord.phase.renew_many(agents, "turn", token,
                                                        settings.turn_ttl_s)
             except redis.RedisError as exc:
-                # Keep beating: the turns go on, and Redis may be back before the TTL.
-                metrics.get().redis_error()
-                log.warning("turn phase of %s not renewed (%s)", ", ".join(agents),
-                            type(exc).__name__)
+                if not is_outage(exc):
+                    log.exception("turn heartbeat of %s stopped", _named(agents))
+                    return
+                outage.failed(exc)
                 continue
+            outage.succeeded()
             lost = [agent for agent, ok in zip(agents, renewed, strict=True) if not ok]
             if lost:
                 log.warning("turn phase of %s was lost", ", ".join(lost))
@@ -338,6 +343,11 @@ class HostBridge:
         """``deliver_next`` for many agents whose turns the caller holds, at most one
         delivery each, the round trips shared: ``DeliveryGate.deliver_many``."""
         return self._gate.deliver_many(agents)
+
+
+def _named(agents: Sequence[str]) -> str:
+    shown = ", ".join(agents[:3])
+    return shown + (f" and {len(agents) - 3} more" if len(agents) > 3 else "")
 
 
 def _stream_id(entry_id: str) -> tuple[int, int]:

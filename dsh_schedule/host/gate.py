@@ -6,6 +6,10 @@ reminders and no delivered message covers them; otherwise it is dropped. Either 
 acknowledged and deleted, so delivery into the session is exactly once per dispatch,
 whatever Redis or a crashed worker did.
 
+A Redis outage (``is_outage``) that interrupts a round after it delivered answers with
+what it delivered, so the host runs those turns; the entries it could not acknowledge
+are dropped by the next read's gate (docs/architecture.md#outages).
+
 When metrics are on, each gate decision counts as delivered or dropped, and a delivered
 message's lateness (its append minus its earliest occurrence) is observed at the stage
 ``session`` (docs/architecture.md#operations).
@@ -24,7 +28,8 @@ from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair, StreamRead
 from dsh_schedule.shared.coordination.lock import LockUnavailable
-from dsh_schedule.shared.core.errors import PersistenceError
+from dsh_schedule.shared.coordination.outage import is_outage
+from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
 from dsh_schedule.shared.core.ledger import LedgerCache, reminder_source
 from dsh_schedule.shared.fencing import retry_fenced
@@ -51,14 +56,18 @@ class DeliveryRound(msgspec.Struct, frozen=True, kw_only=True):
     ``delivered``: the agents given a followup now (at most one each); ``again``: the
     agents that decided entries (delivered or dropped) and may have more; ``empty``:
     nothing for this consumer to read now (another consumer may hold an entry: look at
-    them alone); ``busy``: their lock was held; ``failed``: their delivery failed (logged;
-    their entries stay unacknowledged)."""
+    them alone); ``busy``: their lock was held, or Redis failed before their turn came;
+    ``failed``: their delivery failed (logged; their entries stay unacknowledged);
+    ``unwritable``: the disk under their session could not take the write or flush
+    (full, read-only: ``disk_outage_errno``), by agent: nothing delivered, not logged
+    (the host says it once), their entries stay."""
 
     delivered: dict[str, Delivery]
     again: tuple[str, ...]
     empty: tuple[str, ...]
     busy: tuple[str, ...]
     failed: tuple[str, ...]
+    unwritable: dict[str, PersistenceError] = msgspec.field(default_factory=dict)
 
 
 class _Decided:
@@ -70,6 +79,8 @@ class _Decided:
         self.again: list[str] = []
         self.busy: list[str] = []
         self.failed: list[str] = []
+        self.unwritable: dict[str, PersistenceError] = {}
+        self.outage: redis.RedisError | None = None  # what interrupted the round
 
 
 class DeliveryGate:
@@ -124,7 +135,14 @@ class DeliveryGate:
                 return None
             for entry in entries:
                 delivery = self._gate(agent, entry)
-                followups.done(agent, entry.entry_id)
+                try:
+                    followups.done(agent, entry.entry_id)
+                except redis.RedisError as exc:
+                    if delivery is None or not is_outage(exc):
+                        raise
+                    # Delivered: the turn must run. The next read's gate drops the entry.
+                    log.info("followup %s for %s delivered, not acknowledged (%s)",
+                             entry.entry_id, agent, type(exc).__name__)
                 if delivery is not None:
                     return delivery
 
@@ -147,7 +165,9 @@ class DeliveryGate:
             # after a failed one does not prove the earlier bytes durable.
             unflushed = flush_each(self._store, [a for a in with_entries if a in held])
             for agent in with_entries:
-                if agent in unflushed:
+                if agent in unflushed and disk_outage_errno(unflushed[agent]):
+                    decided.unwritable[agent] = unflushed[agent]
+                elif agent in unflushed:
                     log.warning("delivery preflight for %s failed: %s", agent,
                                 unflushed[agent].reason)
                     decided.failed.append(agent)
@@ -157,14 +177,27 @@ class DeliveryGate:
                 # The message is appended: the turn must run. The next preflight confirms
                 # its durability.
                 log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
-        for agent in with_entries:
-            if agent not in held:
+        alone = [agent for agent in with_entries if agent not in held]
+        for index, agent in enumerate(alone):
+            try:
                 self._decide(agent, reads[agent], decided, barrier=True)
-        self._coord.followups.done_many(decided.entries)
+            except redis.RedisError as exc:  # an outage (``_decide`` raises no other)
+                decided.outage = exc
+                decided.busy.extend(alone[index:])
+                break
+        try:
+            self._coord.followups.done_many(decided.entries)
+        except redis.RedisError as exc:
+            if not is_outage(exc):
+                raise
+            decided.outage = decided.outage or exc
+        if decided.outage is not None and not decided.delivered:
+            raise decided.outage  # nothing delivered: nothing to answer but the outage
         return DeliveryRound(
             delivered=decided.delivered, again=tuple(decided.again),
             empty=tuple(agent for agent, entries in read.items() if not entries),
             busy=tuple(decided.busy), failed=tuple(decided.failed),
+            unwritable=decided.unwritable,
         )
 
     def _decide(self, agent: str, read: StreamRead, decided: _Decided, *,
@@ -184,12 +217,15 @@ class DeliveryGate:
                 if delivery is not None:
                     decided.delivered[agent] = delivery
                     break
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise
         except LockUnavailable:
             decided.busy.append(agent)
             return
-        except Exception:
+        except Exception as exc:
+            if is_outage(exc):
+                raise
+            if isinstance(exc, PersistenceError) and disk_outage_errno(exc):
+                decided.unwritable[agent] = exc  # the host says it once, for every agent
+                return
             with log_context(agent=agent):
                 log.exception("delivering followups for %s failed", agent)
             decided.failed.append(agent)

@@ -5,6 +5,10 @@ the agent phase, runs tool calls inside turns, and consumes reminder followups w
 scripted model that acknowledges each reminder. Its ``run`` loop is pushed to: it blocks on
 the bridge's ``ready`` and delivers only for the agents it names, so idle agents cost
 nothing between lease renewals (docs/architecture.md#hosts-followups-and-rebuild).
+
+A full or read-only disk is an outage like Redis's (docs/architecture.md#outages): a turn
+whose end cannot be appended is kept, and appended before anything else this host does in
+that session once the disk takes writes again; until then that agent gets no new turn.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from dsh_schedule.host.plugin import AgentHandle, AgentWithTools, SchedulePlugin
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
-from dsh_schedule.shared.coordination.outage import Outage
+from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
+from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import (
     STEP_END,
     STEP_START,
@@ -100,6 +105,9 @@ class ReferenceHost:
         self.plugin.load(self.registry)
         self.agents: dict[str, Agent] = {}
         self._on_delivery = on_delivery
+        self._disk = DiskOutage(log, "host")
+        # Open turns whose end the store has not taken yet: agent -> (turn, answer).
+        self._unfinished: dict[str, tuple[int, str]] = {}
 
     def open_root(self, session_id: str) -> Agent:
         """Create the root agent of an existing session; the plugin installs on it."""
@@ -125,13 +133,17 @@ class ReferenceHost:
         tool_calls: Sequence[tuple[str, dict[str, Any]]] = (),
         time_context: bool = False,
     ) -> list[ToolResult]:
-        """One user turn whose scripted model makes ``tool_calls`` and then answers."""
+        """One user turn whose scripted model makes ``tool_calls`` and then answers. A
+        store failure once the turn is open raises, and its end is appended before
+        anything else this host does in the session."""
         agent = self.agents[session_id]
         source: dict[str, Any] = {"kind": "user", "rpcId": f"rpc-{self.clock()}"}
         if client_time_zone is not None:
             source["clientTimeZone"] = client_time_zone
         results: list[ToolResult] = []
         with self.plugin.bridge.turn(session_id):
+            if (failure := self._finish_unfinished(session_id)) is not None:
+                raise failure
             turn = self._append(session_id, [])
             opening = [NewEvent(type=TURN_START, time=self.clock(), data={"turn": turn}),
                        _user_message(self.clock(), text, source)]
@@ -140,6 +152,8 @@ class ReferenceHost:
             opening.append(NewEvent(type=STEP_START, time=self.clock(),
                                     data={"turn": turn, "step": 0}))
             self._append(session_id, opening)
+            # From here on the turn is open: whatever fails, its end is owed.
+            self._unfinished[session_id] = (turn, "Done.")
             for name, args in tool_calls:
                 _definition, handler = agent.tools[name]
                 result = handler(args)
@@ -149,7 +163,8 @@ class ReferenceHost:
                     NewEvent(type=TOOL_RESULT, time=self.clock(),
                              data={"content": result.content, "isError": result.is_error}),
                 ])
-            self._finish_turn(session_id, turn, "Done.")
+            if (failure := self._finish_unfinished(session_id)) is not None:
+                raise failure
         return results
 
     # -- followups ------------------------------------------------------------------
@@ -165,11 +180,14 @@ class ReferenceHost:
         bridge = self.plugin.bridge
         delivered: list[Delivery] = []
         with bridge.turn(session_id, wait_s=wait_s):
-            while (delivery := bridge.deliver_next(session_id)) is not None:
+            wrote = session_id in self._unfinished
+            failure = self._finish_unfinished(session_id)
+            while failure is None and (delivery := bridge.deliver_next(session_id)):
                 delivered.append(delivery)
-                self._finish_turn(session_id, delivery.turn, _acknowledge(delivery))
                 if self._on_delivery is not None:
                     self._on_delivery(session_id, delivery)
+                failure = self._finish(session_id, delivery)
+        self._wrote({session_id: failure} if failure else {}, wrote=wrote or bool(delivered))
         return delivered
 
     def serve(self, timeout_s: float = 0.0) -> list[tuple[str, Delivery]]:
@@ -183,7 +201,7 @@ class ReferenceHost:
         agents = bridge.ready(timeout_s)
         try:
             return self._serve_many([agent for agent in agents if agent in self.agents])
-        except (redis.ConnectionError, redis.TimeoutError):
+        except redis.RedisError:
             bridge.later(agents, 0.0)
             raise
 
@@ -195,9 +213,11 @@ class ReferenceHost:
         delivered: list[tuple[str, Delivery]] = []
         alone: list[str] = []
         deadline = time.monotonic() + TURN_WAIT_S
-        # Only agents whose stream holds an entry need a turn (one round trip to know).
+        # Only agents whose stream holds an entry need a turn (one round trip to know), and
+        # those whose last turn's end is still to be appended.
         held_entries = self.coordination.followups.waiting_many(agents) if agents else []
-        waiting = [agent for agent, n in zip(agents, held_entries, strict=True) if n]
+        waiting = [agent for agent, n in zip(agents, held_entries, strict=True)
+                   if n or agent in self._unfinished]
         while waiting:
             with bridge.turns(waiting) as held:
                 claimed = set(held)
@@ -212,7 +232,7 @@ class ReferenceHost:
             try:
                 with log_context(agent=session_id):
                     delivered.extend((session_id, d) for d in self._serve_one(session_id))
-            except (redis.ConnectionError, redis.TimeoutError):
+            except redis.RedisError:
                 bridge.later(alone[index:], 0.0)
                 raise
         return delivered
@@ -225,7 +245,11 @@ class ReferenceHost:
         found nothing for (another consumer may hold their entries: looked at alone)."""
         bridge = self.plugin.bridge
         alone: tuple[str, ...] = ()
-        pending: Sequence[str] = held
+        closing = [agent for agent in held if agent in self._unfinished]
+        unfinished = {agent: failure for agent in closing
+                      if (failure := self._finish_unfinished(agent)) is not None}
+        self._wrote(unfinished, wrote=len(unfinished) < len(closing))
+        pending: Sequence[str] = [agent for agent in held if agent not in unfinished]
         first = True
         while pending:
             found = bridge.deliver_many(pending)
@@ -234,17 +258,19 @@ class ReferenceHost:
                 first = False
             bridge.later(found.busy, BUSY_RETRY_S)
             bridge.later(found.failed, self.settings.followup_stale_s)
-            for session_id, delivery in found.delivered.items():
-                self._finish_turn(session_id, delivery.turn, _acknowledge(delivery),
-                                  flush=False, at=delivery.turn + len(delivery.events))
-            for session_id, exc in flush_each(self.store, found.delivered).items():
-                # The turn is appended; the next flush of the session confirms it.
-                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+            failures: dict[str, PersistenceError] = dict(found.unwritable)
             for session_id, delivery in found.delivered.items():
                 delivered.append((session_id, delivery))
                 if self._on_delivery is not None:
                     self._on_delivery(session_id, delivery)
-            pending = found.again
+                if (failure := self._finish(session_id, delivery, flush=False)) is not None:
+                    failures[session_id] = failure
+            finished = [agent for agent in found.delivered if agent not in failures]
+            for session_id, exc in flush_each(self.store, finished).items():
+                # The turn is appended; the next flush of the session confirms it.
+                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+            self._wrote(failures, wrote=bool(found.delivered))
+            pending = [agent for agent in found.again if agent not in failures]
         return alone
 
     def _serve_one(self, session_id: str) -> list[Delivery]:
@@ -259,15 +285,20 @@ class ReferenceHost:
                 bridge.later([session_id], self.settings.followup_stale_s)
                 return []
             delivered = self._deliver_all(session_id, TURN_WAIT_S)
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise
         except (TurnBusy, LockUnavailable):
             bridge.later([session_id], BUSY_RETRY_S)
             return []
-        except Exception:
+        except Exception as exc:
+            if is_outage(exc):
+                raise
+            if isinstance(exc, PersistenceError) and disk_outage_errno(exc):
+                self._wrote({session_id: exc}, wrote=False)
+                return []
             log.exception("delivering followups for %s failed", session_id)
             bridge.later([session_id], self.settings.followup_stale_s)
             return []
+        if session_id in self._unfinished:
+            return delivered  # looked at again once the disk takes its turn's end
         if followups.waiting(session_id):
             bridge.later([session_id], self.settings.followup_stale_s)  # as above
         return delivered
@@ -279,10 +310,14 @@ class ReferenceHost:
         at a time (each waits at most ``poll_s``, so ``stop`` is noticed within it) and
         works only on the agents it names; an idle agent costs nothing.
 
-        Through a Redis outage it keeps running: it says once that Redis went away and
-        once that it is back, and renews every lease at once when it is back, so a lease
-        Redis lost is granted again and wakes its agent (docs/architecture.md#outages);
-        every agent is looked at once more, for announcements made while it could not read.
+        Through a Redis outage — a lost connection, or an error reply that means "not
+        now" (``is_outage``: out of memory, a read-only replica, too few replicas, ...) —
+        it keeps running: it says once that Redis went away and once that it is back, and
+        renews every lease at once when it is back, so a lease Redis lost is granted again
+        and wakes its agent (docs/architecture.md#outages); every agent is looked at once
+        more, for announcements made while it could not read. Any other Redis error is a
+        bug and ends the loop. Through a disk outage it keeps running too (the module's
+        docstring).
         """
         outage = Outage(log, "host")
         bridge = self.plugin.bridge
@@ -298,7 +333,9 @@ class ReferenceHost:
                     recheck = False
                 wait_s = min(poll_s, max(next_renew_ms - self.clock(), 0) / 1000)
                 self.serve(wait_s)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except redis.RedisError as exc:
+                if not is_outage(exc):
+                    raise
                 next_renew_ms = 0  # renew first thing once Redis is back
                 recheck = True
                 stop.wait(outage.failed(exc))
@@ -307,6 +344,51 @@ class ReferenceHost:
 
     def close(self) -> None:
         self.plugin.dispose()
+
+    # -- finishing turns through a disk outage ---------------------------------------
+
+    def _finish(self, session_id: str, delivery: Delivery, *,
+                flush: bool = True) -> PersistenceError | None:
+        """Append the end of a delivered turn; when the store cannot take it, keep it to
+        append later (``_finish_unfinished``) and return the failure."""
+        self._unfinished[session_id] = (delivery.turn, _acknowledge(delivery))
+        return self._finish_unfinished(session_id, flush=flush,
+                                       at=delivery.turn + len(delivery.events))
+
+    def _finish_unfinished(self, session_id: str, *, flush: bool = True,
+                           at: int | None = None) -> PersistenceError | None:
+        """Append the kept end of the agent's open turn, if any (its turn phase
+        held); None once nothing is left open, else the store's failure."""
+        kept = self._unfinished.get(session_id)
+        if kept is None:
+            return None
+        try:
+            self._finish_turn(session_id, *kept, flush=False, at=at)
+        except PersistenceError as exc:
+            return exc  # nothing of it was appended (the store rolls a failed write back)
+        del self._unfinished[session_id]
+        if flush:
+            try:
+                self.store.flush(session_id)
+            except PersistenceError as exc:
+                # The turn is appended; the next flush of the session confirms it.
+                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+        return None
+
+    def _wrote(self, failures: dict[str, PersistenceError], *, wrote: bool) -> None:
+        """Account for one round of writes: a disk that cannot take them is one line when
+        it starts (``DiskOutage``) and one when a round writes again; the agents it failed
+        for are looked at again after its backoff (another store failure: after
+        ``followup_stale_s``, logged for each)."""
+        disk = {agent: exc for agent, exc in failures.items() if disk_outage_errno(exc)}
+        for agent, exc in failures.items():
+            if agent not in disk:
+                log.warning("the turn of %s could not be written: %s", agent, exc.reason)
+                self.plugin.bridge.later([agent], self.settings.followup_stale_s)
+        if disk:
+            self.plugin.bridge.later(disk, self._disk.failed(next(iter(disk.values()))))
+        elif wrote and not failures:
+            self._disk.succeeded()
 
     # -- log helpers ----------------------------------------------------------------
 

@@ -8,21 +8,25 @@ counts in ``dsh_schedule_redis_errors_total`` (docs/architecture.md#operations).
 An outage is not only a lost connection: a Redis that answers but refuses the command for
 an operational reason (out of memory under ``noeviction``, a replica after a failover,
 too few replicas, loading its data, a busy script, a failed snapshot) is one too
-(``is_outage``).
+(``is_outage``), and so is a blocking call Redis ended because it stopped being a master.
+
+A disk under the session store that cannot take writes (full, read-only) is an outage of
+the same shape for the processes that write session logs (``DiskOutage``).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import ClassVar, Final
 
 import redis
 
 from dsh_schedule.shared import metrics
-from dsh_schedule.shared.core.errors import ScheduleError
+from dsh_schedule.shared.core.errors import ScheduleError, disk_outage_errno
 
 FIRST_DELAY_S: Final = 0.1
 MAX_DELAY_S: Final = 5.0
@@ -30,10 +34,11 @@ MAX_DELAY_S: Final = 5.0
 # The error replies a healthy deployment meets in an ordinary week: each says "not now",
 # never "this command is wrong". redis-py strips the code from some of them (OOM,
 # READONLY, LOADING, MASTERDOWN, TRYAGAIN get classes of their own) and keeps it at the
-# start of the message for the others.
+# start of the message for the others. UNBLOCKED is what a client blocked in BLPOP or XREAD
+# gets when its Redis is turned into a replica (a failover).
 OUTAGE_REPLY_CODES: Final = frozenset({
     "OOM", "READONLY", "NOREPLICAS", "LOADING", "MASTERDOWN", "BUSY", "MISCONF",
-    "TRYAGAIN", "CLUSTERDOWN",
+    "TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED",
 })
 _OUTAGE_REPLY_CLASSES: Final = (
     redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
@@ -67,6 +72,8 @@ class RedisUnavailable(ScheduleError, ConnectionError):
 class Outage:
     """Tracks whether Redis is reachable for one loop and paces its retries."""
 
+    resource: ClassVar[str] = "Redis"
+
     def __init__(self, logger: logging.Logger, what: str) -> None:
         self._log = logger
         self._what = what
@@ -79,12 +86,12 @@ class Outage:
 
     def failed(self, exc: BaseException) -> float:
         """Record a failed attempt; the delay before the next one (capped, doubling)."""
-        metrics.get().redis_error()
+        self._count()
         if self._down_since is None:
             self._down_since = time.monotonic()
             self._delay = FIRST_DELAY_S
-            self._log.warning("%s: Redis unavailable (%s); retrying", self._what,
-                              type(exc).__name__)
+            self._log.warning("%s: %s unavailable (%s); retrying", self._what,
+                              self.resource, self._cause(exc))
         else:
             self._delay = min(self._delay * 2, MAX_DELAY_S)
         return self._delay
@@ -93,11 +100,32 @@ class Outage:
         """Record a successful attempt; True when this ends an outage."""
         if self._down_since is None:
             return False
-        self._log.warning("%s: Redis is back after %.1f s", self._what,
+        self._log.warning("%s: %s is back after %.1f s", self._what, self.resource,
                           time.monotonic() - self._down_since)
         self._down_since = None
         self._delay = FIRST_DELAY_S
         return True
+
+    def _count(self) -> None:
+        metrics.get().redis_error()
+
+    def _cause(self, exc: BaseException) -> str:
+        return type(exc).__name__
+
+
+class DiskOutage(Outage):
+    """``Outage`` for the disk under the session store: one line when writes start to
+    fail for want of space or a writable disk (``disk_outage_errno``), one when a write
+    succeeds again, the same backoff between tries."""
+
+    resource: ClassVar[str] = "session store"
+
+    def _count(self) -> None:
+        pass  # not a Redis error
+
+    def _cause(self, exc: BaseException) -> str:
+        code = disk_outage_errno(exc)
+        return errno.errorcode.get(code, type(exc).__name__) if code else type(exc).__name__
 
 
 def wait_for_redis(

@@ -6,6 +6,7 @@ are stable, written for a model to act on, and never contain exception text or p
 
 from __future__ import annotations
 
+import errno
 from typing import Any, Final, Literal, get_args
 
 ErrorCode = Literal[
@@ -85,6 +86,24 @@ class PersistenceError(ScheduleError, OSError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+# What a disk that cannot take writes now says: full, over quota, read-only, failing.
+DISK_OUTAGE_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def disk_outage_errno(exc: BaseException) -> int | None:
+    """The errno, when ``exc`` (a ``PersistenceError`` or what caused it) says the disk
+    under the session store cannot take writes now rather than that one session file is
+    wrong; else None (docs/architecture.md#outages)."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        if isinstance(found, OSError) and found.errno in DISK_OUTAGE_ERRNOS:
+            return found.errno
+        found = found.__cause__ or found.__context__
+    return None
 
 
 class FenceConflict(ScheduleError):

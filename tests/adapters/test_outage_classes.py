@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 import redis
 from redis._parsers.base import BaseParser
 
 from dsh_schedule.shared.coordination.outage import RedisUnavailable, is_outage
+from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 
 
 @pytest.mark.parametrize(
@@ -21,6 +25,8 @@ from dsh_schedule.shared.coordination.outage import RedisUnavailable, is_outage
         "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
         "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
         "TRYAGAIN Multiple keys request during rehashing of slot",
+        "UNBLOCKED force unblock from blocking operation, instance state changed "
+        "(master -> replica?)",
         "ERR Error running script (call to f_0): @user_script:1: -OOM command not allowed",
     ],
 )
@@ -48,3 +54,21 @@ def test_lost_and_slow_connections_are_outages_and_other_errors_are_not() -> Non
     assert is_outage(RedisUnavailable(5))
     assert not is_outage(ValueError("bad"))
     assert not is_outage(redis.DataError("bad argument"))
+
+
+@pytest.mark.parametrize(
+    ("code", "outage"),
+    [(errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EROFS, True), (errno.EIO, True),
+     (errno.ENOENT, False), (errno.EACCES, False)],
+)
+def test_a_full_or_read_only_disk_is_an_outage_and_a_missing_file_is_not(
+    code: int, outage: bool
+) -> None:
+    try:
+        try:
+            raise OSError(code, os.strerror(code))
+        except OSError as exc:
+            raise PersistenceError("append to session 's1' failed") from exc
+    except PersistenceError as wrapped:
+        assert (disk_outage_errno(wrapped) == code) is outage
+    assert disk_outage_errno(PersistenceError("session 's1' does not exist")) is None
