@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 from dsh_schedule.shared.core.errors import ToolError
@@ -38,6 +38,7 @@ _TOO_LARGE: Final[int] = 10_000
 
 MIN_GAP_MINUTES: Final[int] = 5
 _DAY_MINUTES: Final[int] = 1440
+_LONGEST: Final[tuple[int, ...]] = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _SELECTOR_KEYS: Final = frozenset({"expression", "time_zone"})
 
 _MONTH_NAMES: Final[dict[str, int]] = {
@@ -100,10 +101,8 @@ class CronRule:
 
     ``weekdays`` counts Sunday as 0 (a 7 in the expression is read as 0); ``either_day``
     is the Vixie rule: a day matches on either day field rather than on both.
-    ``times`` are the matching minutes of the day, ascending; ``month_days[i]`` are the
-    matching days of a month with ``28 + i // 7`` days whose first day has weekday
-    ``i % 7``. ``possible`` says whether any Gregorian date matches (``0 0 30 2 *``
-    never does).
+    ``times`` are the matching minutes of the day, ascending. ``possible`` says whether
+    any Gregorian date matches (``0 0 30 2 *`` never does).
     """
 
     expression: str
@@ -114,13 +113,27 @@ class CronRule:
     weekdays: frozenset[int]
     either_day: bool
     times: tuple[int, ...]
-    month_days: tuple[tuple[int, ...], ...]
     possible: bool
+    _month_days: dict[int, tuple[int, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def matches_day(self, day: int, weekday: int) -> bool:
         """Whether the rule's day fields take a day (``weekday`` 0-6, Sunday 0)."""
         on_day, on_weekday = day in self.days, weekday in self.weekdays
         return (on_day or on_weekday) if self.either_day else (on_day and on_weekday)
+
+    def days_of_month(self, length: int, first: int) -> tuple[int, ...]:
+        """The matching days, ascending, of a month of ``length`` days whose first day has
+        weekday ``first`` (Sunday 0); worked out once per kind of month."""
+        key = length * 7 + first
+        found = self._month_days.get(key)
+        if found is None:
+            found = tuple(
+                day for day in range(1, length + 1) if self.matches_day(day, (first + day - 1) % 7)
+            )
+            self._month_days[key] = found
+        return found
 
 
 class CronSelector(NamedTuple):
@@ -185,29 +198,11 @@ def _check_frequency(times: tuple[int, ...]) -> None:
         raise ToolError("frequency_too_high", _MSG_FREQUENCY)
 
 
-def _possible(months: frozenset[int], month_days: tuple[tuple[int, ...], ...]) -> bool:
-    """Whether one of the months has a matching day in a month of some length and first
-    weekday: every day of a month falls on every weekday in some year."""
-    for month in months:
-        lengths = (28, 29) if month == 2 else (30,) if month in (4, 6, 9, 11) else (31,)
-        if any(month_days[(length - 28) * 7 + first] for length in lengths for first in range(7)):
-            return True
-    return False
-
-
-def _month_days(
-    days: frozenset[int], weekdays: frozenset[int], either_day: bool
-) -> tuple[tuple[int, ...], ...]:
-    tables = []
-    for length in (28, 29, 30, 31):
-        for first in range(7):
-            matching = []
-            for day in range(1, length + 1):
-                on_day, on_weekday = day in days, (first + day - 1) % 7 in weekdays
-                if (on_day or on_weekday) if either_day else (on_day and on_weekday):
-                    matching.append(day)
-            tables.append(tuple(matching))
-    return tuple(tables)
+def _possible(days: frozenset[int], months: frozenset[int], either_day: bool) -> bool:
+    """Whether some Gregorian date matches. Every month has every weekday, and each day of
+    a month falls on every weekday in some year, so only a day-of-month that no named
+    month has (``0 0 30 2 *``) can keep a rule from ever matching."""
+    return either_day or any(day <= _LONGEST[month - 1] for month in months for day in days)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -224,7 +219,6 @@ def parse_rule(text: str) -> CronRule:
     _check_frequency(times)
     weekdays = frozenset(weekday % 7 for weekday in raw_weekdays)
     either_day = not parts[2].startswith("*") and not parts[4].startswith("*")
-    month_days = _month_days(days, weekdays, either_day)
     return CronRule(
         expression=expression,
         minutes=minutes,
@@ -234,8 +228,7 @@ def parse_rule(text: str) -> CronRule:
         weekdays=weekdays,
         either_day=either_day,
         times=times,
-        month_days=month_days,
-        possible=_possible(months, month_days),
+        possible=_possible(days, months, either_day),
     )
 
 

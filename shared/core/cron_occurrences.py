@@ -53,7 +53,7 @@ def _days_of(rule: CronRule, year: int, month: int) -> tuple[int, ...]:
     if month == 2 and year % 4 == 0 and (year % 100 != 0 or year % 400 == 0):
         length = 29
     first = (date(year, month, 1).weekday() + 1) % 7  # Sunday 0, as in cron
-    return rule.month_days[(length - 28) * 7 + first]
+    return rule.days_of_month(length, first)
 
 
 def _wall(year: int, month: int, day: int, minute_of_day: int) -> int:
