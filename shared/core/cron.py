@@ -9,7 +9,7 @@ Months may be ``JAN``-``DEC`` and days of the week ``SUN``-``SAT`` (case-insensi
 not). There is no seconds or year field, no ``L``, ``W``, ``#``, ``?`` and no ``@`` name.
 
 When the day-of-month and the day-of-week fields both begin with something other than
-``*``, a day matches when either does; otherwise both must (the Vixie cron day rule).
+``*``, a day matches when either does; otherwise both must (the classic cron day rule).
 
 Checks run in this order, so the first applicable code is the one answered: the
 selector's shape and the grammar (``invalid_rule``), then the times of day
@@ -100,7 +100,7 @@ class CronRule:
     """A parsed rule. ``expression`` is its stored form (see ``normalise_expression``).
 
     ``weekdays`` counts Sunday as 0 (a 7 in the expression is read as 0); ``either_day``
-    is the Vixie rule: a day matches on either day field rather than on both.
+    is the classic cron day rule: a day matches on either day field, not on both.
     ``times`` are the matching minutes of the day, ascending. ``possible`` says whether
     any Gregorian date matches (``0 0 30 2 *`` never does).
     """
