@@ -1,0 +1,97 @@
+"""The worked examples of docs/decisions.md#calendar-rules, one row each."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsh_schedule.shared.core.cron import parse_rule
+from dsh_schedule.shared.core.cron_occurrences import latest_at_or_before, next_after
+from dsh_schedule.shared.core.instant import format_instant, parse_instant
+from dsh_schedule.shared.core.timesel import load_zone
+
+
+def chain(expression: str, zone_name: str, start: str, count: int) -> list[str]:
+    rule, zone = parse_rule(expression), load_zone(zone_name)
+    instant, found = parse_instant(start), []
+    for _ in range(count):
+        following = next_after(rule, zone, instant)
+        assert following is not None
+        found.append(format_instant(following)[:16] + "Z")
+        instant = following
+    return found
+
+
+EXAMPLES = [
+    (
+        "02:30 daily on the spring change is the gap's end, 03:00 CEST",
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2027-03-27T00:00:00.000Z",
+        ["2027-03-27T01:30Z", "2027-03-28T01:00Z", "2027-03-29T00:30Z"],
+    ),
+    (
+        "02:30 daily on the autumn change is only the first 02:30",
+        "30 2 * * *",
+        "Europe/Berlin",
+        "2027-10-30T00:00:00.000Z",
+        ["2027-10-30T00:30Z", "2027-10-31T00:30Z", "2027-11-01T01:30Z"],
+    ),
+    (
+        "a time in Lord Howe's 30-minute gap is the gap's end, 02:30 +11:00",
+        "15 2 * * *",
+        "Australia/Lord_Howe",
+        "2027-10-01T12:00:00.000Z",
+        ["2027-10-01T15:45Z", "2027-10-02T15:30Z", "2027-10-03T15:15Z"],
+    ),
+    (
+        "a time in Lord Howe's 30-minute overlap is its earlier instant",
+        "45 1 * * *",
+        "Australia/Lord_Howe",
+        "2027-04-02T12:00:00.000Z",
+        ["2027-04-02T14:45Z", "2027-04-03T14:45Z", "2027-04-04T15:15Z"],
+    ),
+    (
+        "every time in one gap collapses into one occurrence",
+        "*/15 2 * * *",
+        "Europe/Berlin",
+        "2027-03-27T12:00:00.000Z",
+        ["2027-03-28T01:00Z", "2027-03-29T00:00Z", "2027-03-29T00:15Z"],
+    ),
+    (
+        "a matching time at the gap's end collapses with the gap's",
+        "0,30 2,3 * * *",
+        "Europe/Berlin",
+        "2027-03-27T12:00:00.000Z",
+        ["2027-03-28T01:00Z", "2027-03-28T01:30Z", "2027-03-29T00:00Z"],
+    ),
+    (
+        "midnight skipped in Santiago is 01:00 -03:00",
+        "0 0 * * *",
+        "America/Santiago",
+        "2027-09-03T00:00:00.000Z",
+        ["2027-09-03T04:00Z", "2027-09-04T04:00Z", "2027-09-05T04:00Z", "2027-09-06T03:00Z"],
+    ),
+    (
+        "occurrences can be closer than 5 minutes at a gap's end",
+        "2,57 * * * *",
+        "Europe/Berlin",
+        "2027-03-28T00:30:00.000Z",
+        ["2027-03-28T00:57Z", "2027-03-28T01:00Z", "2027-03-28T01:02Z"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone", "start", "expected"),
+    [row[1:] for row in EXAMPLES],
+    ids=[row[0] for row in EXAMPLES],
+)
+def test_a_worked_example(expression: str, zone: str, start: str, expected: list[str]) -> None:
+    assert chain(expression, zone, start, len(expected)) == expected
+
+
+def test_catch_up_on_the_second_pass_delivers_the_first_and_only_0230() -> None:
+    rule, zone = parse_rule("30 2 * * *"), load_zone("Europe/Berlin")
+    accepted = parse_instant("2027-10-31T01:40:00.000Z")  # 02:40 +01:00, after the change
+    assert latest_at_or_before(rule, zone, accepted) == parse_instant("2027-10-31T00:30:00.000Z")
+    assert next_after(rule, zone, accepted) == parse_instant("2027-11-01T01:30:00.000Z")
