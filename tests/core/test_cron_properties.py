@@ -19,7 +19,7 @@ from dsh_schedule.shared.core.cron_occurrences import (
     next_after,
 )
 from dsh_schedule.shared.core.errors import ToolError
-from dsh_schedule.shared.core.instant import MAX_MS, parse_instant
+from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, parse_instant
 from dsh_schedule.shared.core.timesel import load_zone
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -41,6 +41,21 @@ ZONES = [
 MONTHS = ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]
 WEEKDAYS = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]
 
+HISTORIC_ZONES = [
+    "Europe/Amsterdam",
+    "Europe/Dublin",
+    "Asia/Kolkata",
+    "America/Detroit",
+    "Africa/Monrovia",
+    "Pacific/Kiritimati",
+    "Pacific/Apia",
+    "America/Sitka",
+    "Europe/Moscow",
+    "Asia/Shanghai",
+]
+historic_instants = st.integers(
+    parse_instant("1850-01-01T00:00:00.000Z"), parse_instant("2100-01-01T00:00:00.000Z")
+)
 instants = st.integers(
     parse_instant("2000-01-01T00:00:00.000Z"), parse_instant("2040-01-01T00:00:00.000Z")
 )
@@ -147,6 +162,8 @@ def is_occurrence(rule: CronRule, zone: ZoneInfo, instant_ms: int) -> bool:
     if gap <= timedelta(0):
         return False
     wall = here.replace(tzinfo=None) - gap
+    if wall.second or wall.microsecond:  # offsets before standard time have seconds
+        wall = wall.replace(second=0, microsecond=0) + timedelta(minutes=1)
     while wall <= here.replace(tzinfo=None):
         if matches(rule, wall.replace(tzinfo=zone)):
             return True
@@ -166,6 +183,37 @@ def test_occurrences_strictly_increase_and_each_matches(
         assert following is not None and following > instant
         assert is_occurrence(rule, zone, following)
         instant = following
+
+
+@settings(max_examples=300, deadline=None)
+@given(rules(), st.sampled_from(HISTORIC_ZONES), historic_instants)
+def test_occurrences_match_since_local_mean_time(
+    rule: CronRule, zone_name: str, start: int
+) -> None:
+    """Before standard time offsets had seconds, and old changes were odd; the rules hold."""
+    zone = load_zone(zone_name)
+    instant = start
+    for _ in range(4):
+        following = next_after(rule, zone, instant)
+        assert following is not None and following > instant
+        assert is_occurrence(rule, zone, following)
+        assert latest_at_or_before(rule, zone, following) == following
+        assert latest_at_or_before(rule, zone, following - 1) == latest_at_or_before(
+            rule, zone, instant
+        )
+        instant = following
+
+
+@settings(max_examples=300, deadline=None)
+@given(rules(), st.sampled_from(ZONES), st.integers(MIN_MS, MAX_MS))
+def test_any_instant_of_the_range_has_an_answer_in_the_range(
+    rule: CronRule, zone_name: str, instant: int
+) -> None:
+    zone = load_zone(zone_name)
+    following = next_after(rule, zone, instant)
+    latest = latest_at_or_before(rule, zone, instant)
+    assert following is None or instant < following <= MAX_MS
+    assert latest is None or MIN_MS <= latest <= instant
 
 
 @settings(max_examples=300, deadline=None)
