@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import bisect
 import zoneinfo
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
-from typing import Final
+from typing import Any, Final, NamedTuple
 
-from dsh_schedule.shared.core.cron import CronRule
+from dsh_schedule.shared.core.cron import CronRule, read_cron_selector
 from dsh_schedule.shared.core.errors import ToolError
 from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS
+from dsh_schedule.shared.core.timesel import load_zone
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_ORDINAL: Final[int] = date(1970, 1, 1).toordinal()
@@ -243,3 +245,26 @@ def first_occurrence(rule: CronRule, zone: zoneinfo.ZoneInfo, now_ms: int) -> in
     if horizon <= MAX_MS or not rule.possible:
         raise ToolError("invalid_rule", _MSG_NEVER)
     raise ToolError("time_out_of_range")
+
+
+class CronTarget(NamedTuple):
+    """A ``cron`` selector resolved at a create: what its record stores."""
+
+    rule: CronRule
+    time_zone: str
+    scheduled_at_ms: int
+
+
+def resolve_cron(value: Any, *, now_ms: int, implicit_zone: Callable[[], str]) -> CronTarget:
+    """The rule, its zone and its first occurrence strictly after ``now_ms``.
+
+    Checks run in the contract's order: the selector's shape and the grammar
+    (``invalid_rule``), the frequency (``frequency_too_high``), then the zone
+    (``invalid_time_zone``; ``implicit_zone`` is called only when the selector names none,
+    and may raise ``timezone_confirmation_required``), then the first occurrence
+    (``invalid_rule`` or ``time_out_of_range``).
+    """
+    selector = read_cron_selector(value)
+    zone_name = selector.time_zone if selector.time_zone is not None else implicit_zone()
+    zone = load_zone(zone_name)
+    return CronTarget(selector.rule, zone_name, first_occurrence(selector.rule, zone, now_ms))
