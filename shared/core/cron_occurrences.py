@@ -140,14 +140,32 @@ def _offset_at(zone: zoneinfo.ZoneInfo, instant_ms: int) -> int:
     return _offset_ms(local.utcoffset())
 
 
-def _reading(zone: zoneinfo.ZoneInfo, instant_ms: int) -> tuple[int, int] | None:
-    """The wall-clock reading of an instant in milliseconds, and its fold (1 on the second
-    pass through a time the clocks were set back over); None beyond years 1-9999."""
+def _not_yet_reached(zone: zoneinfo.ZoneInfo, instant_ms: int) -> int:
+    """The first wall minute the clock has not shown by ``instant_ms``: the occurrence of a
+    wall time from it on is after the instant, of any earlier one at or before it.
+
+    That is the minute after the reading, except on the second pass through set-back
+    times: then the clock has already shown every time up to the moment it was set back.
+    """
     try:
         local = (_EPOCH + timedelta(milliseconds=instant_ms)).astimezone(zone)
     except OverflowError:
-        return None
-    return instant_ms + _offset_ms(local.utcoffset()), local.fold
+        # The reading is past 9999 or before year 1: every wall time, or none, was shown.
+        return _LAST_WALL + 1 if instant_ms > 0 else _FIRST_WALL
+    after = _offset_ms(local.utcoffset())
+    if not local.fold:
+        return (instant_ms + after) // _MINUTE_MS + 1
+    before = _offset_ms(local.replace(fold=0).utcoffset())
+    # The clocks went back at T, a whole second in tzdata, between the first pass through
+    # this reading (instant - (before - after)) and now; they had shown up to T + before.
+    low, high = (instant_ms - (before - after)) // 1000, instant_ms // 1000
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _offset_at(zone, middle * 1000) == after:
+            high = middle
+        else:
+            low = middle
+    return -(-(high * 1000 + before) // _MINUTE_MS)
 
 
 def _gap_end(zone: zoneinfo.ZoneInfo, wall_ms: int, before_ms: int, after_ms: int) -> int:
@@ -188,44 +206,17 @@ def _occurrence(zone: zoneinfo.ZoneInfo, wall: int) -> int:
 
 def next_after(rule: CronRule, zone: zoneinfo.ZoneInfo, instant_ms: int) -> int | None:
     """The rule's first occurrence strictly after ``instant_ms``; None past year 9999."""
-    reading = _reading(zone, instant_ms)
-    if reading is None:
-        if instant_ms > 0:
-            return None
-        lower = _FIRST_WALL
-    else:
-        # A wall time up to the reading has already occurred; later ones have not, except
-        # on a second pass through set-back times, which the loop steps over.
-        lower = reading[0] // _MINUTE_MS + 1
-    while (wall := _next_wall(rule, lower)) is not None:
-        occurrence = _occurrence(zone, wall)
-        if occurrence > instant_ms:
-            return occurrence if occurrence <= MAX_MS else None
-        lower = wall + 1
-    return None
+    wall = _next_wall(rule, _not_yet_reached(zone, instant_ms))
+    if wall is None:
+        return None
+    occurrence = _occurrence(zone, wall)
+    return occurrence if occurrence <= MAX_MS else None
 
 
 def latest_at_or_before(rule: CronRule, zone: zoneinfo.ZoneInfo, instant_ms: int) -> int | None:
     """The rule's last occurrence at or before ``instant_ms`` (the one a dispatch accepted
     then delivers); None before year 1."""
-    reading = _reading(zone, instant_ms)
-    if reading is None:
-        if instant_ms < 0:
-            return None
-        upper, fold = _LAST_WALL, 0
-    else:
-        upper, fold = reading[0] // _MINUTE_MS, reading[1]
-    if fold:
-        # On a second pass, set-back times later than the reading occurred the first time.
-        latest, lower = None, upper + 1
-        while (wall := _next_wall(rule, lower)) is not None:
-            occurrence = _occurrence(zone, wall)
-            if occurrence > instant_ms:
-                break
-            latest, lower = occurrence, wall + 1
-        if latest is not None:
-            return latest
-    wall = _previous_wall(rule, upper)
+    wall = _previous_wall(rule, _not_yet_reached(zone, instant_ms) - 1)
     if wall is None:
         return None
     occurrence = _occurrence(zone, wall)
