@@ -82,13 +82,30 @@ class ReconcileReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildReport:
-    """Enqueue a wake for every live agent; remove what Redis holds for ended agents."""
+    """Enqueue a wake for every live agent; remove what Redis holds for ended agents.
+
+    It wakes the agents whose leases Redis still holds. After Redis lost everything there
+    are none yet: each host grants its leases anew at its next renewal, and a new lease
+    wakes its agent, so the hosts restore everything without it (``rebuild_note``,
+    docs/decisions.md#delivery, "What rebuild is for")."""
     live = coord.leases.live_agents(now_ms=now_ms)
-    by_queue: dict[str, list[str]] = {}
-    for agent, queue in zip(live, coord.leases.queues_of(live), strict=True):
-        by_queue.setdefault(queue, []).append(agent)
-    coord.wakes.trigger_many(by_queue)
+    coord.trigger_many(live)
     return RebuildReport(woken=tuple(live), retired=tuple(_retire(coord, settings, now_ms)))
+
+
+def rebuild_note(report: RebuildReport, settings: Settings) -> str | None:
+    """What ``dsh-schedule rebuild`` tells an operator when it woke no agent: no lease is
+    live, so a Redis that just lost its keys is restored by the hosts' renewals."""
+    if report.woken:
+        return None
+    return (
+        "rebuild: no agent holds a lease, so there was nothing to wake. If Redis just lost "
+        "its keys (a flush, a restart without persistence), nothing more is needed: each "
+        f"host grants its leases anew at its next renewal (every {settings.lease_renew_s:g} "
+        "s), and every new lease wakes its agent, which re-arms its reminders and "
+        "re-projects its followups from its log. rebuild is for a Redis that kept the "
+        "leases but lost wakes (see docs/decisions.md, \"What rebuild is for\")."
+    )
 
 
 def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
