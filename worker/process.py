@@ -97,8 +97,9 @@ class ScheduleWorker(SimpleWorker):
         try:
             super().teardown()  # type: ignore[no-untyped-call]
         except redis.RedisError:
+            # rq skips its unsubscribe when its death cannot be registered.
             with suppress(Exception):
-                self.unsubscribe()  # type: ignore[no-untyped-call]  # rq skips it when its death cannot be registered
+                self.unsubscribe()  # type: ignore[no-untyped-call]
             raise
 
     def _stop_beating(self) -> None:
@@ -135,10 +136,12 @@ class ScheduleWorker(SimpleWorker):
 
     def _register_again(self) -> None:
         """Write rq's worker hash again (Redis lost it), as rq's registration does."""
-        mapping: dict[EncodableT, EncodableT] = {**self.serialize(), "state": str(self.get_state())}
-        job_id = self.get_current_job_id()
-        if job_id:
-            mapping["current_job"] = job_id
+        # rq's states are str enums: redis-py writes their values, as rq's set_state does.
+        mapping: dict[EncodableT, EncodableT] = {**self.serialize(),
+                                                 "state": self.get_state()}
+        held = self._held
+        if held is not None:
+            mapping["current_job"] = held.job
         with self.connection.pipeline() as pipe:
             pipe.hset(self.key, mapping=mapping)
             pipe.expire(self.key, self.worker_ttl + 60)

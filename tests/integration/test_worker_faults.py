@@ -134,6 +134,10 @@ def test_a_running_worker_registers_again_after_redis_lost_everything(
         assert wait_until(lambda: _health(env).returncode == 0, BACK_WITHIN_S), (
             _health(env).stdout)
         assert not procs.dead(), procs.describe_dead()
+        # The hash is rq's whole registration again, as ``rq info`` and ``status`` read it.
+        (member,) = client.smembers("rq:workers:reg")
+        assert client.hget(member, "state") in (b"idle", b"busy")
+        assert client.hget(member, "queues") == b"reg"
         log = procs.logs["worker"][-1].read_text()
         assert "registered again" in log
     finally:
