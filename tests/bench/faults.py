@@ -20,8 +20,11 @@ Each trial has a prefix, a queue and a sessions directory of its own, and real
   also read into the host's consumer group under a consumer of its own, as a host killed
   between reading an entry and delivering it leaves it. Then the host is SIGKILLed and a
   fresh one started: the time from the kill to the delivery.
-- ``redis:restart``: a worker and a scheduler; Redis is killed and started again empty on
-  its port; the time from Redis answering to ``dsh-schedule health`` exiting 0.
+- ``redis:restart`` and ``redis:flush``: a host with one session, a worker and a
+  scheduler; Redis is killed and
+  started again empty on its port, or FLUSHALL empties it while it runs; the time from
+  Redis answering empty to ``dsh-schedule health`` exiting 0 (a trial that gives up
+  reports null).
 
 It prints one JSON line per kind: trials, delivered exactly once, p50, p99, max seconds.
 """
@@ -51,6 +54,7 @@ POINTS = ("before-followup", "after-followup", "after-append")
 SESSION = "bench-s1"
 WATCH_S = 5.0  # a second delivery would show up within this
 GIVE_UP_S = 240.0
+LIMITS = {"give_up_s": GIVE_UP_S}  # --give-up
 
 
 def _wait(condition: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
@@ -93,7 +97,7 @@ class Trial:
         return bool(self.client.zscore(Keys(self.prefix).live(), SESSION))
 
     def result(self, started: float) -> dict[str, Any]:
-        if not _wait(lambda: _delivered(self.store) >= 1, GIVE_UP_S):
+        if not _wait(lambda: _delivered(self.store) >= 1, LIMITS["give_up_s"]):
             return {"seconds": None, "once": False}
         seconds = time.monotonic() - started
         time.sleep(WATCH_S)
@@ -153,11 +157,16 @@ def host_trial(server: RedisServer, root: Path, name: str, read: bool) -> dict[s
         trial.close()
 
 
-def redis_trial(root: Path, name: str) -> dict[str, Any]:
+def redis_trial(root: Path, name: str, *, flush: bool) -> dict[str, Any]:
     with RedisServer(root / "redis") as server:
         env = process_env(server.url(), root / "sessions", PREFIX=f"{name}:", QUEUE=name)
         procs = Processes(root, env)
         try:
+            # A host's live agent: health then needs a worker on the queue, not only a
+            # scheduler heartbeat.
+            if procs.run("session", "create", SESSION).returncode != 0:
+                raise RuntimeError("could not create the session")
+            procs.spawn("host", "host", SESSION)
             procs.spawn("worker", "worker")
             procs.spawn("scheduler", "scheduler")
 
@@ -166,9 +175,12 @@ def redis_trial(root: Path, name: str) -> dict[str, Any]:
 
             if not _wait(healthy, 60, every=0.2):
                 raise RuntimeError("never healthy")
-            server.restart()
+            if flush:
+                server.client().flushall()
+            else:
+                server.restart()
             started = time.monotonic()
-            ok = _wait(healthy, GIVE_UP_S, every=0.2)
+            ok = _wait(healthy, LIMITS["give_up_s"], every=0.2)
             return {"seconds": time.monotonic() - started if ok else None, "once": ok}
         finally:
             procs.close()
@@ -195,8 +207,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--parallel", type=int, default=6)
     parser.add_argument("--kinds", default=",".join(
-        [*(f"worker:{p}" for p in POINTS), "host:unread", "host:read", "redis:restart"]))
+        [*(f"worker:{p}" for p in POINTS), "host:unread", "host:read", "redis:restart",
+         "redis:flush"]))
+    parser.add_argument("--give-up", type=float, default=GIVE_UP_S,
+                        help="seconds a trial waits for its delivery or health")
     args = parser.parse_args()
+    LIMITS["give_up_s"] = args.give_up
     kinds = args.kinds.split(",")
     base = Path(tempfile.mkdtemp(prefix="dsh-bench-faults-"))
     lock = threading.Lock()
@@ -212,13 +228,13 @@ def main() -> None:
                 elif group == "host":
                     result = host_trial(server, root, name, read=detail == "read")
                 else:
-                    result = redis_trial(root, name)
+                    result = redis_trial(root, name, flush=detail == "flush")
                 with lock:
                     print(json.dumps({"kind": kind, "trial": i, **result}), file=sys.stderr,
                           flush=True)
                 return result
 
-            parallel = 1 if kind == "redis:restart" else args.parallel
+            parallel = 1 if kind.startswith("redis:") else args.parallel
             with ThreadPoolExecutor(parallel) as pool:
                 results = list(pool.map(one, range(args.trials)))
             print(json.dumps(summary(kind, results)), flush=True)

@@ -120,6 +120,10 @@ def test_a_running_worker_registers_again_after_redis_lost_everything(
     procs = Processes(tmp_path, env)
     client = redis_server.client()
     try:
+        # A live agent on the queue: health then needs a worker there, not only the
+        # scheduler's heartbeat.
+        assert procs.run("session", "create", "reg-s1").returncode == 0
+        procs.spawn("host", "host", "reg-s1")
         procs.spawn("worker", "worker")
         procs.spawn("scheduler", "scheduler")
         assert wait_until(lambda: _health(env).returncode == 0, 30), procs.describe()
