@@ -23,8 +23,10 @@ Each trial has a prefix, a queue and a sessions directory of its own, and real
 - ``redis:restart`` and ``redis:flush``: a host with one session, a worker and a
   scheduler; Redis is killed and
   started again empty on its port, or FLUSHALL empties it while it runs; the time from
-  Redis answering empty to ``dsh-schedule health`` exiting 0 (a trial that gives up
-  reports null).
+  Redis answering empty to the worker being registered with rq again and
+  ``dsh-schedule health`` exiting 0 (right after a flush no lease is back, so health alone
+  passes without a worker until the host's next renewal; a trial that gives up reports
+  null).
 
 It prints one JSON line per kind: trials, delivered exactly once, p50, p99, max seconds.
 """
@@ -170,8 +172,13 @@ def redis_trial(root: Path, name: str, *, flush: bool) -> dict[str, Any]:
             procs.spawn("worker", "worker")
             procs.spawn("scheduler", "scheduler")
 
+            client = server.client()
+
             def healthy() -> bool:
-                return procs.run("health", timeout=30).returncode == 0
+                # Registered with rq, not only "healthy" because no lease is back yet.
+                members = client.smembers(f"rq:workers:{name}")
+                return (any(client.hexists(m, "birth") for m in members)
+                        and procs.run("health", timeout=30).returncode == 0)
 
             if not _wait(healthy, 60, every=0.2):
                 raise RuntimeError("never healthy")
