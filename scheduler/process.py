@@ -55,6 +55,14 @@ BLOCK_SLACK_S: Final = 0.1
 NUDGE_POLL_S: Final = 0.01
 
 
+# How long a scheduler's take-over of a dead worker lasts: another scheduler may take it
+# over once this passes (the first died before it woke the agents).
+RECOVERY_CLAIM_MS: Final = 10_000
+# How often the loop looks for workers whose beat is overdue: one read, whatever the
+# number of agents (docs/architecture.md#a-dead-workers-wakes).
+DEAD_WORKER_CHECK_S: Final = 1.0
+
+
 class RebuildReport(msgspec.Struct, frozen=True, kw_only=True):
     woken: tuple[str, ...]
     retired: tuple[str, ...]
@@ -74,13 +82,30 @@ class ReconcileReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildReport:
-    """Enqueue a wake for every live agent; remove what Redis holds for ended agents."""
+    """Enqueue a wake for every live agent; remove what Redis holds for ended agents.
+
+    It wakes the agents whose leases Redis still holds. After Redis lost everything there
+    are none yet: each host grants its leases anew at its next renewal, and a new lease
+    wakes its agent, so the hosts restore everything without it (``rebuild_note``,
+    docs/decisions.md#delivery, "What rebuild is for")."""
     live = coord.leases.live_agents(now_ms=now_ms)
-    by_queue: dict[str, list[str]] = {}
-    for agent, queue in zip(live, coord.leases.queues_of(live), strict=True):
-        by_queue.setdefault(queue, []).append(agent)
-    coord.wakes.trigger_many(by_queue)
+    coord.trigger_many(live)
     return RebuildReport(woken=tuple(live), retired=tuple(_retire(coord, settings, now_ms)))
+
+
+def rebuild_note(report: RebuildReport, settings: Settings) -> str | None:
+    """What ``dsh-schedule rebuild`` tells an operator when it woke no agent: no lease is
+    live, so a Redis that just lost its keys is restored by the hosts' renewals."""
+    if report.woken:
+        return None
+    return (
+        "rebuild: no agent holds a lease, so there was nothing to wake. If Redis just lost "
+        "its keys (a flush, a restart without persistence), nothing more is needed: each "
+        f"host grants its leases anew at its next renewal (every {settings.lease_renew_s:g} "
+        "s), and every new lease wakes its agent, which re-arms its reminders and "
+        "re-projects its followups from its log. rebuild is for a Redis that kept the "
+        "leases but lost wakes (see docs/decisions.md, \"What rebuild is for\")."
+    )
 
 
 def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
@@ -238,6 +263,41 @@ class Reconciler:
         return swept
 
 
+def recover_dead_workers(coord: Coordination) -> list[str]:
+    """Wake again exactly the agents of the wakes that dead workers held
+    (docs/architecture.md#a-dead-workers-wakes); the agents woken.
+
+    A worker whose beat is overdue is dead (or paused past its beat: its fenced appends
+    lose to what the new wake writes). Its agents' locks and maintenance phases are still
+    held until their TTLs run out, and a wake before that would find them busy: its entry
+    is set to be looked at again once they expire. Then one scheduler takes it over (its
+    score becomes the claim's end, so no other takes it meanwhile), enqueues the wakes,
+    and forgets the worker and the rq job it was executing. A worker that beats again
+    meanwhile is left alone: its score moved."""
+    liveness = coord.workers
+    now_ms, overdue = liveness.overdue()
+    woken: list[str] = []
+    for name, score, held in overdue:
+        if held is None or not held.agents:
+            if liveness.swap(name, score, None):
+                log.info("worker %s stopped beating; it held no wake", name)
+            continue
+        busy_ms = liveness.busy_for_ms(held.agents)
+        if busy_ms > 0:
+            liveness.swap(name, score, now_ms + busy_ms)  # look again once they expire
+            continue
+        claim = now_ms + RECOVERY_CLAIM_MS
+        if not liveness.swap(name, score, claim):
+            continue  # it beat again, or another scheduler took it
+        coord.trigger_many(held.agents)
+        liveness.drop_abandoned(held.job)
+        liveness.swap(name, claim, None)
+        log.warning("worker %s stopped beating while it held wake %s: woke its %d "
+                    "agent(s) again", name, held.job, len(held.agents))
+        woken.extend(held.agents)
+    return woken
+
+
 def _slice_of(agent: str) -> int:
     """The projection-check slice an agent belongs to (stable across processes)."""
     return zlib.crc32(agent.encode()) % PROJECTION_SLICES
@@ -257,6 +317,7 @@ class SchedulerLoop:
         self._rebuild_next = True
         self._next_beat = 0.0  # monotonic time of the next heartbeat refresh
         self._moved = True  # whether the last pass held the mover lock
+        self._next_worker_check = 0.0  # monotonic time of the next dead-worker look
         self.stop = threading.Event()
 
     def run(self) -> int:
@@ -267,6 +328,7 @@ class SchedulerLoop:
                     self._reconcile()
                     next_reconcile = time.monotonic() + self._settings.reconcile_interval_s
                 self._move()
+                self._recover()
                 self._beat()
                 pause_s, exact = self._pause_s()
             except Exception as exc:
@@ -338,6 +400,14 @@ class SchedulerLoop:
         status.write_heartbeat(self._coord.client, self._coord.keys, every_s=every_s,
                                now_ms=wall_clock_ms())
         self._next_beat = now + status.HEARTBEAT_EVERY_S
+
+    def _recover(self) -> None:
+        """Look for dead workers, at most every ``DEAD_WORKER_CHECK_S``."""
+        now = time.monotonic()
+        if now < self._next_worker_check:
+            return
+        self._next_worker_check = now + DEAD_WORKER_CHECK_S
+        recover_dead_workers(self._coord)
 
     def _reconcile(self) -> None:
         now_ms = wall_clock_ms()

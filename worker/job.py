@@ -27,7 +27,13 @@ from rq import get_current_job
 
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wakejobs import DueWakes, decode_batch
+from dsh_schedule.shared.coordination.wakejobs import (
+    WAKE_BATCH_FUNC,
+    WAKE_FUNC,
+    DueWakes,
+    decode_batch,
+)
+from dsh_schedule.shared.coordination.workers import Held
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
@@ -103,3 +109,23 @@ def _wake_batch(payload: Any) -> dict[str, str]:
         wakes = [(agent, None) for agent in batch.agents]
     outcomes = owner.wake_many(wakes)
     return {agent: outcome.value for agent, outcome in outcomes.items()}
+
+
+def held_by(job: Any, queue: str) -> Held | None:
+    """What a worker holds while it executes ``job``: the job and its agents (None for a
+    job that is not a wake, or one whose arguments do not decode: nothing to wake again
+    if the worker dies). Decodes only what rq has already loaded."""
+    try:
+        func, args = job.func_name, job.args
+        if func == WAKE_FUNC and args and isinstance(args[0], str):
+            return Held(str(job.id), queue, (args[0],))
+        if func == WAKE_BATCH_FUNC and len(args) == 1:
+            batch = decode_batch(args[0])
+            if isinstance(batch, DueWakes):
+                agents = tuple(dict.fromkeys(w.agent for w in batch.wakes))
+            else:
+                agents = tuple(dict.fromkeys(batch.agents))
+            return Held(str(job.id), queue, agents)
+    except Exception:  # a job rq cannot decode fails in rq's own hands, not here
+        return None
+    return None

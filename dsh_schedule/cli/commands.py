@@ -180,12 +180,15 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     await_redis(url, args.redis_wait, verbose=args.verbose)
     import redis
 
-    from dsh_schedule.scheduler.process import rebuild
+    from dsh_schedule.scheduler.process import rebuild, rebuild_note
     from dsh_schedule.shared.coordination.agents import Coordination
 
     coordination = Coordination(redis.Redis.from_url(url), settings)
     report = rebuild(coordination, settings, now_ms=wall_clock_ms())
     dump({"woken": list(report.woken), "retired": list(report.retired)})
+    note = rebuild_note(report, settings)
+    if note is not None:
+        print(note, file=sys.stderr)
     return 0
 
 

@@ -202,7 +202,17 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     _common(p)
     _metrics_flags(p)
     p.set_defaults(func=cmd_scheduler)
-    p = sub.add_parser("rebuild", help="one rebuild pass")
+    p = sub.add_parser(
+        "rebuild", help="wake every agent that holds a lease, once",
+        description="Enqueue a wake for every agent that holds a lease, and retire the "
+        "agents whose lease ended; prints {\"woken\":[...],\"retired\":[...]}. "
+        "After Redis lost its keys (a flush, a restart without persistence) it is not "
+        "needed and wakes nothing at first: each host grants its leases anew at its "
+        "next renewal (DSH_SCHEDULE_LEASE_RENEW, 20 s by default), every new lease "
+        "wakes its agent, and the scheduler rebuilds by itself once Redis is back. "
+        "Run it when Redis kept the leases but lost wakes (a queue emptied or keys "
+        "deleted by hand, an older snapshot restored). See docs/decisions.md, "
+        "\"What rebuild is for\".")
     _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.set_defaults(func=cmd_rebuild)
 

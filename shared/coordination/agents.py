@@ -29,6 +29,7 @@ from dsh_schedule.shared.coordination.wake import (
     ArmRequest,
     WakeProjection,
 )
+from dsh_schedule.shared.coordination.workers import WorkerLiveness
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.settings import Settings
@@ -76,7 +77,8 @@ class Projection(NamedTuple):
 
 
 class Coordination:
-    """Locks, phase, leases, followups and wakes under one key prefix."""
+    """Locks, phase, leases, followups, wakes and worker liveness under one key
+    prefix."""
 
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.client = client
@@ -86,6 +88,7 @@ class Coordination:
         self.leases = Leases(client, self.keys, default_queue=settings.queue)
         self.followups = Followups(client, self.keys)
         self.wakes = WakeProjection(client, self.keys)
+        self.workers = WorkerLiveness(client, self.keys)
         self.followup_stale_ms = int(settings.followup_stale_s * 1000)
 
     def rearm(

@@ -69,6 +69,22 @@ class Keys:
         reading it needs no clock but Redis's (docs/architecture.md#operations)."""
         return f"{self.prefix}scheduler:heartbeat"
 
+    def workers(self) -> str:
+        """ZSET rq worker name -> the epoch ms (Redis's clock) by which it beats again; a
+        score in the past is a worker that died, or one a scheduler is recovering
+        (docs/architecture.md#a-dead-workers-wakes)."""
+        return f"{self.prefix}workers"
+
+    def worker_holds(self) -> str:
+        """HASH rq worker name -> the wake job it is executing and that job's agents
+        (JSON), written in rq's own start and end of the job."""
+        return f"{self.prefix}worker-holds"
+
+    def worker_probe(self) -> str:
+        """STRING with a 1 s TTL: the write a worker waiting out an outage tries, since
+        a Redis refusing writes still answers PING."""
+        return f"{self.prefix}worker-probe"
+
     def scheduler_reconcile(self) -> str:
         """STRING with a TTL: a summary of the last rebuild or reconcile pass (JSON)."""
         return f"{self.prefix}scheduler:last-reconcile"
