@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from dsh_schedule.cli import main
 from dsh_schedule.host.tools import ScheduleTools
@@ -110,6 +113,29 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionSto
 def test_a_line_is_measured_outside_its_strings(line: bytes, fault: str | None) -> None:
     found = line_fault(line)
     assert found == fault if fault is None else fault in str(found)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ ,:ab\u00e9'),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(alphabet='[]{}"\\ab', max_size=3), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(value=_JSON, wrap=st.integers(MAX_LINE_DEPTH - 8, MAX_LINE_DEPTH + 2))
+def test_the_measured_depth_is_the_values_whatever_its_strings_hold(
+        value: Any, wrap: int) -> None:
+    data = nested(wrap, value)
+    line = encode_event(Event(type="x", seq=0, time=0, data=data))[:-1] \
+        if 1 + depth_of(data) <= MAX_LINE_DEPTH else None
+    raw = raw_event(0, json.dumps(data, ensure_ascii=False).encode())
+    deep = 1 + depth_of(data) > MAX_LINE_DEPTH
+    assert (line_fault(raw) is not None) == deep
+    if line is not None:
+        assert line_fault(line) is None
+        assert decode_event_line(line, 0).data == data
 
 
 def test_a_line_is_bounded_in_bytes_too() -> None:
