@@ -10,8 +10,15 @@ from typing import Any, Final
 
 import msgspec
 
+from dsh_schedule.shared.core.requests import DEFAULT_MAX_PROMPT_BYTES
+
 # The reconcile pass's full sweep reaches every live agent within this many seconds at most.
 MAX_SWEEP_PERIOD_S = 600.0
+# The prompt limit a deployment may set, at most: many prompts go out in one reminder
+# batch's line, which a session log bounds (docs/architecture.md#session-logs).
+MAX_PROMPT_BYTES_CEILING: Final = 1024 * 1024
+_PROMPT_LIMIT_RANGE: Final = (
+    f"max_prompt_bytes must be a whole number of bytes from 1 to {MAX_PROMPT_BYTES_CEILING}")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,8 +47,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # set (docs/architecture.md#operations).
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
+    # The longest prompt schedule_create accepts, in bytes of UTF-8 after trimming; logs
+    # holding longer ones still replay (docs/decisions.md#tool-arguments).
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
 
     def __post_init__(self) -> None:
+        if not 1 <= self.max_prompt_bytes <= MAX_PROMPT_BYTES_CEILING:
+            raise ValueError(_PROMPT_LIMIT_RANGE + f", got {self.max_prompt_bytes!r}")
         if self.sweep_period_s > MAX_SWEEP_PERIOD_S:
             raise ValueError(
                 f"sweep_period_s must be at most {MAX_SWEEP_PERIOD_S:g} seconds, "
@@ -71,6 +83,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "DSH_SCHEDULE_FOLLOWUP_STALE": "followup_stale_s",
             "DSH_SCHEDULE_METRICS_PORT": "metrics_port",
             "DSH_SCHEDULE_METRICS_ADDR": "metrics_addr",
+            "DSH_SCHEDULE_MAX_PROMPT_BYTES": "max_prompt_bytes",
         }
         for var, field in names.items():
             if env.get(var):
@@ -106,6 +119,11 @@ def _typed(field: str, value: object) -> object:
         if word not in _SWITCH:
             raise ValueError(f"syncfs must be on or off, got {value!r}")
         return _SWITCH[word]
+    if field == "max_prompt_bytes":
+        text = str(value).strip()
+        if not (text.isascii() and text.isdigit()):
+            raise ValueError(_PROMPT_LIMIT_RANGE + f", got {value!r}")
+        return int(text)
     if field == "cache_mb":
         text = str(value).strip()
         if not text.isdigit():

@@ -137,7 +137,7 @@ class ScheduleTools:
     # -- transactions ---------------------------------------------------------------
 
     def _create(self, agent: str, args: Any) -> ToolResult:
-        request = parse_create_args(args)
+        request = parse_create_args(args, max_prompt_bytes=self._settings.max_prompt_bytes)
 
         def attempt(owner: _Recompute) -> ToolResult:
             session, state = self._preflight(agent, owner)

@@ -35,6 +35,7 @@ from dsh_schedule.shared.core.events import (
     NewEvent,
 )
 from dsh_schedule.shared.fencing import retry_fenced
+from dsh_schedule.shared.store.codec import clip_nesting
 from dsh_schedule.shared.store.port import SessionStore
 
 ASSISTANT_MESSAGE: Final = "assistant/message"
@@ -162,23 +163,27 @@ class TurnLog:
 
     async def assistant(self, text: str, *, tool_calls: Sequence[dict[str, Any]] = ()) -> None:
         """The model's message of the open step (its text, and the tool calls it asked
-        for as ``{"id", "name", "args"}``)."""
+        for as ``{"id", "name", "args"}``; arguments nested deeper than a log line holds
+        are clipped, as in ``tool``)."""
         data: dict[str, Any] = {"content": text_content(text)}
         if tool_calls:
             data["toolCalls"] = list(tool_calls)
-        await self._write([(ASSISTANT_MESSAGE, data)])
+        await self._write([(ASSISTANT_MESSAGE, clip_nesting(data))])
 
     async def tool(
         self, name: str, args: Any, content: str, *, is_error: bool, call_id: str | None = None
     ) -> None:
-        """A tool call the open step ran, and its result."""
+        """A tool call the open step ran, and its result. The arguments are recorded as
+        the model gave them, except that what nests deeper than a log line holds is
+        replaced by ``NESTING_OMITTED`` (``codec.clip_nesting``): the call has answered
+        already, and its record must not be refused (docs/decisions.md#session-store)."""
         call: dict[str, Any] = {"name": name, "args": args}
         if call_id is not None:
             call["id"] = call_id
         result: dict[str, Any] = {"content": content, "isError": is_error}
         if call_id is not None:
             result["id"] = call_id
-        await self._write([(TOOL_CALL, call), (TOOL_RESULT, result)])
+        await self._write([(TOOL_CALL, clip_nesting(call)), (TOOL_RESULT, result)])
 
     async def end(self) -> None:
         """End the open step and the turn, and flush the log."""

@@ -21,6 +21,7 @@ import msgspec
 from dsh_schedule.shared.core.errors import ERROR_CODES
 from dsh_schedule.shared.core.instant import MAX_SAFE_INTEGER
 from dsh_schedule.shared.core.records import MAX_EVERY_SECONDS, MIN_EVERY_SECONDS
+from dsh_schedule.shared.core.requests import DEFAULT_MAX_PROMPT_BYTES
 from dsh_schedule.shared.core.views import DELIVERY_MODE, NOT_FOUND_CODE
 
 TOOL_NAMES: Final = ("schedule_create", "schedule_list", "schedule_delete")
@@ -69,7 +70,11 @@ DELETE_DESCRIPTION: Final = (
 )
 
 ERROR_WHEN: Final[dict[str, str]] = {
-    "invalid_prompt": "prompt is missing, not a string, empty after trimming, or not storable",
+    "invalid_prompt": (
+        "prompt is missing, not a string, empty after trimming, not storable, or longer "
+        f"than the deployment's limit ({DEFAULT_MAX_PROMPT_BYTES} bytes of UTF-8 after "
+        "trimming by default); the message names the limit"
+    ),
     "invalid_selector": "not exactly one of after_seconds, at, every_seconds, or an unknown key",
     "invalid_rule": (
         "after_seconds is not a positive safe integer, every_seconds is not a safe integer, "
@@ -143,7 +148,9 @@ def create_input_schema() -> dict[str, Any]:
     properties = {
         "prompt": _string(
             "The reminder text, shown back to you when it is due. Surrounding whitespace is "
-            "trimmed; it must not be empty.",
+            "trimmed; it must not be empty, and at most "
+            f"{DEFAULT_MAX_PROMPT_BYTES} bytes of UTF-8 (32 KiB) unless the deployment set "
+            "another limit.",
             minLength=1,
         ),
         "after_seconds": {

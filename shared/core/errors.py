@@ -80,6 +80,20 @@ class ScheduleLogError(ScheduleError, ValueError):
         super().__init__(f"{where}{reason}")
 
 
+class EventOutOfBounds(ScheduleError, ValueError):
+    """An event a session log cannot hold: its line would nest deeper, or be longer, than
+    every line of a session log may (docs/architecture.md#session-logs). The append that
+    carried it wrote nothing."""
+
+    def __init__(self, event_type: str, reason: str) -> None:
+        self.event_type = event_type
+        self.reason = reason
+        super().__init__(
+            f"an event of type {event_type!r} cannot be stored in a session log: its line "
+            f"{reason} (docs/architecture.md#session-logs)"
+        )
+
+
 class PersistenceError(ScheduleError, OSError):
     """The session store could not read, write or confirm durability."""
 

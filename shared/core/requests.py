@@ -9,8 +9,9 @@ every range error surfaces there.
 
 1. arguments not an object, a key other than ``prompt``/``after_seconds``/``at``/
    ``every_seconds``, or not exactly one selector key → ``invalid_selector``;
-2. ``prompt`` missing, not a string, empty after trimming, or holding a lone surrogate
-   → ``invalid_prompt``;
+2. ``prompt`` missing, not a string, empty after trimming, holding a lone surrogate, or
+   longer than the limit (``max_prompt_bytes`` of UTF-8 after trimming, by default
+   ``DEFAULT_MAX_PROMPT_BYTES``) → ``invalid_prompt``;
 3. the selector's value: ``after_seconds`` not a positive safe integer, or
    ``every_seconds`` not a safe integer → ``invalid_rule``; ``every_seconds`` < 300 →
    ``frequency_too_high``. The ``at`` value is kept as given and resolved by
@@ -20,6 +21,10 @@ A safe ``every_seconds`` whose milliseconds are not (above ``MAX_EVERY_SECONDS``
 its first target past year 9999, so ``build_create`` answers ``time_out_of_range``.
 
 A selector key given with ``null`` still counts as given.
+
+The prompt limit holds for new creates only: replay never measures a prompt, so a log
+that holds a longer one (written before the limit, or under a higher one) folds and
+delivers as before.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ SELECTOR_KEYS: Final[dict[str, SelectorKind]] = {
     "every_seconds": "every",
 }
 CREATE_KEYS: Final = frozenset({"prompt", *SELECTOR_KEYS})
+# The longest prompt a create accepts by default, in bytes of UTF-8 after trimming
+# (``Settings.max_prompt_bytes``, docs/architecture.md#timings).
+DEFAULT_MAX_PROMPT_BYTES: Final[int] = 32 * 1024
 
 _MSG_AFTER: Final[str] = (
     "after_seconds must be a positive whole number of seconds, at most 9007199254740991."
@@ -101,7 +109,13 @@ def _selector_kind(args: Any) -> SelectorKind:
     return given[0]
 
 
-def _prompt(args: dict[str, Any]) -> str:
+def prompt_limit_message(max_prompt_bytes: int) -> str:
+    """The ``invalid_prompt`` message for a prompt longer than ``max_prompt_bytes``."""
+    return (f"prompt must be at most {max_prompt_bytes} bytes of UTF-8 after trimming "
+            "whitespace; shorten it.")
+
+
+def _prompt(args: dict[str, Any], max_prompt_bytes: int) -> str:
     raw = args.get("prompt")
     if not isinstance(raw, str):
         raise ToolError("invalid_prompt")
@@ -110,6 +124,11 @@ def _prompt(args: dict[str, Any]) -> str:
         raise ToolError("invalid_prompt")
     if not is_utf8_safe(prompt):
         raise ToolError("invalid_prompt", _MSG_SURROGATE)
+    # A character takes 1 to 4 bytes: only a prompt in between needs encoding to tell.
+    if len(prompt) > max_prompt_bytes or (
+        4 * len(prompt) > max_prompt_bytes and len(prompt.encode("utf-8")) > max_prompt_bytes
+    ):
+        raise ToolError("invalid_prompt", prompt_limit_message(max_prompt_bytes))
     return prompt
 
 
@@ -129,10 +148,13 @@ def _every_seconds(value: Any) -> int:
     return seconds
 
 
-def parse_create_args(args: Any) -> CreateRequest:
-    """The ``schedule_create`` request, or the first shape error in the module's order."""
+def parse_create_args(
+    args: Any, *, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+) -> CreateRequest:
+    """The ``schedule_create`` request, or the first shape error in the module's order;
+    a prompt may hold at most ``max_prompt_bytes`` bytes of UTF-8 after trimming."""
     kind = _selector_kind(args)
-    prompt = _prompt(args)
+    prompt = _prompt(args, max_prompt_bytes)
     if kind == "after":
         return CreateRequest(
             kind="after", prompt=prompt, after_seconds=_after_seconds(args["after_seconds"])

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
 from dsh_schedule.shared.core.fold import FoldState
-from dsh_schedule.shared.store.codec import fork_header, number_events, stored_value
+from dsh_schedule.shared.store.codec import fork_header, number_events, stored_event
 from dsh_schedule.shared.store.foldcache import LogDigest
 from dsh_schedule.shared.store.ids import escape_session_id
 from dsh_schedule.shared.store.port import SessionExists, missing_session
@@ -120,9 +120,9 @@ class MemoryStore:
     def append(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
     ) -> tuple[Event, ...]:
-        # The values, and the encoding failures, of a store that writes them to a file.
-        stored = [NewEvent(type=e.type, time=e.time, data=stored_value(e.data)) for e in events]
-        candidates = number_events(stored, expected_seq)
+        # The values, the refusals and the encoding failures of a store that writes them
+        # to a file.
+        candidates = tuple(stored_event(e) for e in number_events(events, expected_seq))
         with self._lock:
             log = self._get(session_id)
             if len(log.events) != expected_seq:

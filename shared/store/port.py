@@ -72,8 +72,9 @@ class SessionStore(Protocol):
         as the log grows after it was read.
 
         ``PersistenceError`` when the session is missing or unreadable;
-        ``ScheduleLogError`` when a line before the last is malformed or ``seq`` is not
-        contiguous from 0. A torn final line (a crash mid-write) is ignored. A string
+        ``ScheduleLogError`` when a line before the last is malformed (one beyond the
+        line bounds of ``codec`` included) or ``seq`` is not contiguous from 0. A torn
+        final line (a crash mid-write) is ignored. A string
         holding a lone surrogate (another host's text) reads back as written.
         """
         ...
@@ -92,8 +93,11 @@ class SessionStore(Protocol):
     ) -> tuple[Event, ...]:
         """Append ``events`` atomically, numbered from ``expected_seq``; return them.
 
-        ``FenceConflict`` when the log's length is not ``expected_seq`` (the fencing
-        token: a stale lock holder cannot slip an append in). When any event is a
+        ``EventOutOfBounds`` when an event's line would lie beyond the line bounds
+        (``codec.MAX_LINE_DEPTH``, ``codec.MAX_LINE_BYTES``), before anything else is
+        checked: what an append accepts, a read accepts. ``FenceConflict`` when the
+        log's length is not ``expected_seq`` (the fencing token: a stale lock holder
+        cannot slip an append in). When any event is a
         ``schedule/change`` the invariant runs first: ``ScheduleLogError`` if the log
         plus the candidates would not fold. A failed write is rolled back before
         ``PersistenceError`` is raised. In every failure nothing is appended. The

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dsh_schedule.shared.core.errors import ToolError
 from dsh_schedule.shared.core.events import Event, Session, SessionHeader
-from dsh_schedule.shared.core.fold import EMPTY, FoldState, fold_events
+from dsh_schedule.shared.core.fold import EMPTY, FoldState, fold, fold_events
 from dsh_schedule.shared.core.instant import MAX_MS, MAX_SAFE_INTEGER, format_instant, parse_instant
 from dsh_schedule.shared.core.records import (
     MAX_EVERY_SECONDS,
@@ -30,6 +30,7 @@ from dsh_schedule.shared.core.requests import (
     parse_list_args,
 )
 from dsh_schedule.shared.core.timecontext import derive_zone_context, implicit_zone
+from dsh_schedule.shared.core.views import list_value
 
 NOW = parse_instant("2026-12-01T09:00:00.000Z")
 
@@ -215,6 +216,66 @@ def test_an_invalid_prompt_says_what_is_wrong(prompt: str, message: str) -> None
     with pytest.raises(ToolError) as caught:
         parse_create_args({"prompt": prompt, "after_seconds": 600})
     assert (caught.value.code, caught.value.message) == ("invalid_prompt", message)
+
+
+LIMIT_MESSAGE = "prompt must be at most {} bytes of UTF-8 after trimming whitespace; shorten it."
+
+
+@pytest.mark.parametrize(
+    ("prompt", "limit", "accepted"),
+    [
+        pytest.param("a" * 32768, None, True, id="32 KiB of ASCII is the default limit"),
+        pytest.param("a" * 32769, None, False, id="one byte more is refused"),
+        pytest.param("é" * 16384, None, True, id="two-byte characters count as two"),
+        pytest.param("é" * 16384 + "a", None, False, id="and one more byte is refused"),
+        pytest.param("😀" * 8192, None, True, id="four-byte characters count as four"),
+        pytest.param("😀" * 8193, None, False, id="past the limit by four bytes"),
+        pytest.param("a" * 20_000_000, None, False, id="a 20 MB prompt is refused"),
+        pytest.param(" " * 9 + "a" * 32768 + "\n", None, True, id="the trimmed prompt counts"),
+        pytest.param("a" * 10, 10, True, id="a deployment's own limit"),
+        pytest.param("é" * 5 + "a", 10, False, id="a deployment's own limit, in bytes"),
+    ],
+)
+def test_a_prompt_longer_than_the_limit_is_refused_naming_it(
+        prompt: str, limit: int | None, accepted: bool) -> None:
+    args = {"prompt": prompt, "after_seconds": 600}
+    parse = (lambda: parse_create_args(args)) if limit is None else (
+        lambda: parse_create_args(args, max_prompt_bytes=limit))
+    if accepted:
+        assert parse().prompt == prompt.strip()
+        return
+    with pytest.raises(ToolError) as caught:
+        parse()
+    shown = 32768 if limit is None else limit
+    assert (caught.value.code, caught.value.message) == (
+        "invalid_prompt", LIMIT_MESSAGE.format(shown))
+
+
+def test_the_prompt_limit_is_checked_after_the_selector_and_before_the_rule() -> None:
+    with pytest.raises(ToolError) as caught:
+        parse_create_args({"prompt": "a" * 40_000, "after_seconds": 0})
+    assert caught.value.code == "invalid_prompt"
+    with pytest.raises(ToolError) as caught:
+        parse_create_args({"prompt": "a" * 40_000, "after_seconds": 1, "at": "x"})
+    assert caught.value.code == "invalid_selector"
+
+
+def test_a_log_holding_a_prompt_past_the_limit_still_folds_and_delivers() -> None:
+    # given a create accepted before the limit existed, with a 40 KiB prompt
+    prompt = "p" * 40_000
+    create = CreateChange(schedule=AfterSchedule(
+        id="schedule-1", prompt=prompt, afterSeconds=60,
+        scheduledAt=format_instant(NOW + 60_000)))
+    events = [Event(type="schedule/change", seq=0, time=NOW, data=encode_change(create))]
+
+    # then replay keeps it, and its dispatch replays too
+    state = fold(events)
+    assert [s.prompt for s in state.active] == [prompt]
+    assert [v["prompt"] for v in list_value(state, NOW)] == [prompt]
+    dispatch = {"version": 1, "operation": "dispatch", "id": "schedule-1"}
+    after = fold([*events, Event(type="schedule/change", seq=1, time=NOW + 61_000,
+                                 data=dispatch)])
+    assert after.active == ()
 
 
 # ---------------------------------------------------------------- delete and list

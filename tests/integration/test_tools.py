@@ -17,7 +17,7 @@ from dsh_schedule.shared.core.events import (
     USER_MESSAGE,
     NewEvent,
 )
-from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.settings import Settings, SettingsError
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, append_raw_line, new_session, value
@@ -227,3 +227,36 @@ def test_a_failed_re_arm_does_not_turn_a_durable_create_into_an_error(
     result = tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60})
     assert not result.is_error
     assert value(result.content)["id"] == "schedule-1"
+
+
+def test_a_create_past_the_prompt_limit_is_refused_and_a_longer_logged_prompt_still_lists(
+    store: MemoryStore, coordination: Coordination, settings: Settings, clock: FakeClock
+) -> None:
+    # given a deployment whose limit is 64 bytes, read from its environment
+    limited = Settings.from_env({"DSH_SCHEDULE_MAX_PROMPT_BYTES": "64"},
+                                sessions=settings.sessions, prefix=settings.prefix)
+    assert limited.max_prompt_bytes == 64
+    tools = ScheduleTools(store, coordination, limited, clock)
+    session = new_session(store)
+    # and a log holding a longer prompt, accepted before the limit
+    old = {"version": 1, "operation": "create", "schedule": {
+        "id": "schedule-1", "kind": "after", "prompt": "p" * 100, "afterSeconds": 600,
+        "scheduledAt": "2026-12-01T12:10:00.000Z"}}
+    store.append(session, [NewEvent(type=SCHEDULE_CHANGE, time=clock(), data=old)], 0)
+
+    # when a create carries 65 bytes, and another 64
+    refused = tools.call(session, "schedule_create", {"prompt": "q" * 65, "after_seconds": 60})
+    made = tools.call(session, "schedule_create", {"prompt": "q" * 64, "after_seconds": 60})
+
+    # then the first is refused naming the limit, with nothing appended for it
+    assert value(refused.content) == {"code": "invalid_prompt", "message": (
+        "prompt must be at most 64 bytes of UTF-8 after trimming whitespace; shorten it.")}
+    assert value(made.content)["id"] == "schedule-2"
+    listed = value(tools.call(session, "schedule_list", {}).content)
+    assert [len(v["prompt"]) for v in listed] == [100, 64]
+
+
+@pytest.mark.parametrize("raw", ["0", "1048577", "32k", "-5"])
+def test_a_prompt_limit_out_of_range_is_a_bad_setting(raw: str) -> None:
+    with pytest.raises(SettingsError, match="max_prompt_bytes must be a whole number of bytes"):
+        Settings.from_env({"DSH_SCHEDULE_MAX_PROMPT_BYTES": raw})

@@ -24,6 +24,8 @@ from dsh_schedule.integrations.langgraph import run_user_turn, schedule_tools
 from dsh_schedule.integrations.session import time_context_reading
 from dsh_schedule.shared.core.catalog import tool_definitions
 from dsh_schedule.shared.core.events import SessionHeader
+from dsh_schedule.shared.store.codec import NESTING_OMITTED
+from dsh_schedule.shared.store.jsonl import JsonlStore
 
 ZONE = "Europe/Berlin"
 
@@ -168,3 +170,32 @@ def test_a_failed_run_still_ends_its_turn_in_the_log(plugin: AsyncSchedulePlugin
             pass
 
     asyncio.run(next_turn())
+
+
+def test_arguments_nested_too_deep_answer_the_tools_error_and_keep_the_log_readable(
+        plugin: AsyncSchedulePlugin) -> None:
+    # given a model whose arguments nest deeper than a session log line may (and not so
+    # deep that the framework's own checkpoint refuses them)
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    deep: Any = "x"
+    for _ in range(200):
+        deep = [deep]
+    model = CallsThenAnswers(calls=[{"name": "schedule_create",
+                                     "args": {"prompt": deep, "after_seconds": 60}}])
+    graph = graph_for(schedule_tools(plugin, "s1"), model)
+
+    # when a turn runs it
+    output = asyncio.run(run_user_turn(graph, plugin, "s1", "remind me"))
+
+    # then the tool answered its own error, the turn was recorded with the arguments
+    # clipped at the bound, and the session still serves every tool
+    [[status, value]] = json.loads(output["messages"][-1].content)
+    assert (status, value["code"]) == ("error", "invalid_prompt")
+    events = JsonlStore(plugin.store.root).read("s1").events
+    [call] = [e.data for e in events if e.type == "tool/call"]
+    assert call["args"]["after_seconds"] == 60
+    assert NESTING_OMITTED in json.dumps(call["args"]["prompt"])
+    assert [e.type for e in events][-2:] == ["step/end", "turn/end"]
+    listed = asyncio.run(schedule_tools(plugin, "s1")[1].ainvoke({
+        "type": "tool_call", "id": "c", "name": "schedule_list", "args": {}}))
+    assert (listed.status, json.loads(listed.content)) == ("success", [])

@@ -31,6 +31,8 @@ from dsh_schedule.integrations.pydantic_ai import (
 from dsh_schedule.integrations.session import time_context_reading
 from dsh_schedule.shared.core.catalog import tool_definitions
 from dsh_schedule.shared.core.events import SessionHeader
+from dsh_schedule.shared.store.codec import NESTING_OMITTED
+from dsh_schedule.shared.store.jsonl import JsonlStore
 
 ZONE = "Europe/Berlin"
 
@@ -141,3 +143,33 @@ def test_the_history_is_carried_from_run_to_run(plugin: AsyncSchedulePlugin) -> 
 
     assert asyncio.run(two_turns()) == "seen 5 messages"
     assert len(asyncio.run(history.load("s1"))) == 6
+
+
+def test_arguments_nested_too_deep_answer_the_tools_error_and_keep_the_log_readable(
+        plugin: AsyncSchedulePlugin) -> None:
+    # given a model whose arguments nest deeper than a session log line may (and not so
+    # deep that the framework's own serializer refuses them)
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    deep: object = "x"
+    for _ in range(200):
+        deep = [deep]
+    model = calls_then_reports(("schedule_create", {"prompt": deep, "after_seconds": 60}),
+                               ("schedule_list", {}))
+    agent = Agent(model, deps_type=ScheduleDeps, tools=schedule_tools(plugin))
+
+    # when a turn runs it
+    result = asyncio.run(run_user_turn(agent, plugin, ScheduleDeps("s1"), "remind me",
+                                       history=InMemoryHistory()))
+
+    # then the tool answered its own error, and the turn was recorded with the arguments
+    # clipped at the bound in both the model's message and the call
+    (refused, refused_content), (listed, listed_content) = json.loads(result.output)
+    assert (refused, json.loads(refused_content)["code"]) == ("failed", "invalid_prompt")
+    assert (listed, json.loads(listed_content)) == ("success", [])
+    events = JsonlStore(plugin.store.root).read("s1").events
+    calls = [e.data for e in events if e.type == "tool/call"]
+    [asked] = [e.data for e in events if e.type == "assistant/message" and "toolCalls" in e.data]
+    for args in (calls[0]["args"], asked["toolCalls"][0]["args"]):
+        assert args["after_seconds"] == 60
+        assert NESTING_OMITTED in json.dumps(args["prompt"])
+    assert [e.type for e in events][-2:] == ["step/end", "turn/end"]
