@@ -22,6 +22,7 @@ though not the same interleaving of real processes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -71,6 +72,12 @@ WORKERS = ("worker-a", "worker-b")
 REDIS_DOWN_S = (28.0, 32.0)
 WINDOW_S = (9.0, 11.0)  # an error-reply or full-disk window lasts this long
 DISK_MB = 64  # the sessions' tmpfs
+FILLER = ".chaos-filler"  # the file that fills it, in the sessions directory
+# How Redis is made to answer every write with an error reply, and how it is restored.
+REFUSALS = {
+    "OOM": ({"maxmemory-policy": "noeviction", "maxmemory": "1"}, {"maxmemory": "0"}),
+    "NOREPLICAS": ({"min-replicas-to-write": "1"}, {"min-replicas-to-write": "0"}),
+}
 
 TIMINGS = {
     "LEASE_TTL": "6",
@@ -121,7 +128,7 @@ def _plan(rng: random.Random) -> list[Action]:
     picks += [("kill", rng.choice(HOSTS)) for _ in range(rng.randint(1, 2))]
     picks += [("pause", rng.choice(WORKERS)) for _ in range(rng.randint(1, 2))]
     picks += [("pause", rng.choice(HOSTS)), ("pause", "scheduler")]
-    picks += [("redis-down", "redis")]
+    picks += [("redis-down", "redis"), ("redis-refuses", "redis"), ("disk-full", "sessions")]
     rng.shuffle(picks)
     plan = []
     for action, target in picks:
@@ -132,8 +139,11 @@ def _plan(rng: random.Random) -> list[Action]:
             past = PAUSE_PAST_S[target.split("-")[0]]
             plan.append(Action(gap, action, target, round(past + rng.uniform(1.0, 3.0), 1),
                                f"(past {past:g} s)"))
-        else:
+        elif action == "redis-down":
             plan.append(Action(gap, action, target, round(rng.uniform(*REDIS_DOWN_S), 1)))
+        else:
+            detail = rng.choice(sorted(REFUSALS)) if action == "redis-refuses" else ""
+            plan.append(Action(gap, action, target, round(rng.uniform(*WINDOW_S), 1), detail))
     return plan
 
 
@@ -424,6 +434,44 @@ class Run:
         self.sleep(step.hold_s)
         self.server.start()
         self.note("redis-server back (empty)")
+
+    def redis_refuses(self, step: Action) -> None:
+        """Redis answers, but every write gets an error reply (OOM or NOREPLICAS)."""
+        refuse, restore = REFUSALS[step.detail]
+        client = self.server.client()
+        try:
+            for name, value in refuse.items():
+                client.config_set(name, value)
+            self.note(f"redis-server refuses writes ({step.detail}) for {step.hold_s} s")
+            self.sleep(step.hold_s)
+        finally:
+            for name, value in restore.items():
+                client.config_set(name, value)
+            client.close()
+        self.note("redis-server accepts writes again")
+
+    def disk_full(self, step: Action) -> None:
+        """The sessions' file system full (ENOSPC) for a while."""
+        filler = self.sessions / FILLER
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            for size in (1 << 20, 4096, 1):
+                chunk = b"\0" * size
+                try:
+                    while True:
+                        os.write(fd, chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+            written = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        self.note(f"sessions disk full (a {written >> 20} MiB filler) for {step.hold_s} s")
+        try:
+            self.sleep(step.hold_s)
+        finally:
+            filler.unlink()
+        self.note("sessions disk has room again")
 
     # -- observations ---------------------------------------------------------------
 
