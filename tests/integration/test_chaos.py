@@ -541,6 +541,11 @@ def answer_problems(answers: list[Answer], stories: dict[str, LogStory]) -> list
                 problems.append(f"answered internal_error, yet the log deleted it:"
                                 f" {answer.describe()}")
         elif answer.tool == "schedule_list" and code is None:
+            listed = {item["id"] for item in value}
+            for schedule_id in sorted(_surely_active(answers, answer) - listed):
+                problems.append(f"left out {schedule_id}, created before the list started and"
+                                f" neither due nor deleted before it ended:"
+                                f" {answer.describe()}")
             for item in value:
                 created = story.creates.get(item["id"])
                 if created is None or created["prompt"] != item["prompt"]:
@@ -551,6 +556,18 @@ def answer_problems(answers: list[Answer], stories: dict[str, LogStory]) -> list
                     problems.append(f"listed {item['id']}, answered deleted before the"
                                     f" list started: {answer.describe()}")
     return problems
+
+
+def _surely_active(answers: list[Answer], listing: Answer) -> set[str]:
+    """The ids of ``listing``'s session a true list must show: answered created before it
+    started, due only after it ended, and no delete of them begun before it ended."""
+    deleting = {a.args["id"] for a in answers if a.session == listing.session
+                and a.tool == "schedule_delete" and a.started_ms <= listing.ended_ms}
+    return {a.value["id"] for a in answers
+            if a.session == listing.session and a.tool == "schedule_create"
+            and a.returncode == 0 and a.ended_ms < listing.started_ms
+            and parse_instant(a.value["scheduledAt"]) > listing.ended_ms
+            and a.value["id"] not in deleting}
 
 
 @pytest.fixture
