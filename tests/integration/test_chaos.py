@@ -4,8 +4,10 @@ SIGKILLs and restarts each kind of process, pauses a worker past its lock's time
 and the host and the scheduler past theirs, takes Redis down for half a minute (back
 empty, with no manual ``dsh-schedule rebuild``), makes Redis refuse every write for a
 while (OOM or NOREPLICAS error replies) and fills the sessions' disk for a while (a small
-tmpfs the test mounts). Several hundred one-shots fall due in the same second, and tool
-calls (create, list, delete through ``dsh-schedule call``) run all through the chaos.
+tmpfs the test mounts). Several hundred one-shots fall due in the same second, more
+fall due all through the error-reply and full-disk windows (the plan's times are fixed
+when the logs are written, so the due times can aim at them), and tool calls (create,
+list, delete through ``dsh-schedule call``) run all through the chaos.
 
 At the end, read from the session logs by their format alone
 (docs/architecture.md#schedule-records): every one-shot in a log and not deleted there is
@@ -57,12 +59,18 @@ pytestmark = [pytest.mark.chaos, pytest.mark.redis, pytest.mark.slow]
 
 SEED_ENV = "DSH_SCHEDULE_CHAOS_SEED"
 SESSIONS = tuple(f"chaos-{i:02d}" for i in range(20))
-FIXED_RATE_DUE_S = (20, 45, 70)  # the one occurrence of the fixed-rate reminder of the
-# first three sessions falls due this many seconds after set-up
+LEAD_S = 40  # the plan begins this long after the sessions are written: room for set-up
+FIXED_RATE_AT = (0.2, 0.5, 0.8)  # the one occurrence of the fixed-rate reminder of the
+# first three sessions falls due at these fractions of the plan's span
 BURST = 300  # one-shots written into the logs before the hosts start, all due in one second
-BURST_DUE_S = (25, 70)  # that second falls this many seconds after set-up
+# ... and that second falls in one of these windows of the plan, or anywhere in it
+BURST_IN = ("disk-full", "redis-refuses", "redis-down", "anywhere")
+IN_WINDOW = 30  # one-shots written into the logs for each error-reply and full-disk window,
+# falling due all through it, in the first WINDOW_SESSIONS sessions: more appends to
+# each than the slack of a file's last page takes, so that a full disk refuses them
+WINDOW_SESSIONS = 5
 ONE_SHOTS = 40  # one-shots created through `dsh-schedule call` before the chaos
-DUE_S = (4, 100)  # those fall due this many seconds after they are created
+DUE_S = 4  # those fall due at least this long after they are created, up to the plan's end
 CALL_DUE_S = (2, 25)  # one-shots created during the chaos fall due this much later
 GAP_S = (0.5, 4.0)  # the plan's pause before each action
 SETTLE_S = 45  # after the last due time: room for expired locks, claims and reconciles
@@ -109,15 +117,19 @@ def _in_ci() -> bool:
 
 @dataclass(frozen=True)
 class Action:
-    gap_s: float  # sleep before it
+    at_s: float  # when it starts, seconds after the plan begins
     action: str
     target: str
     hold_s: float  # how long the process is down, paused, or the window lasts
     detail: str = ""
 
+    @property
+    def end_s(self) -> float:
+        return self.at_s + self.hold_s
+
     def describe(self) -> str:
         extra = f" {self.detail}" if self.detail else ""
-        return f"+{self.gap_s:g}s {self.action} {self.target} {self.hold_s:g}s{extra}"
+        return f"{self.at_s:g}s {self.action} {self.target} {self.hold_s:g}s{extra}"
 
 
 def _plan(rng: random.Random) -> list[Action]:
@@ -130,20 +142,23 @@ def _plan(rng: random.Random) -> list[Action]:
     picks += [("pause", rng.choice(HOSTS)), ("pause", "scheduler")]
     picks += [("redis-down", "redis"), ("redis-refuses", "redis"), ("disk-full", "sessions")]
     rng.shuffle(picks)
-    plan = []
+    plan: list[Action] = []
+    clock = 0.0
     for action, target in picks:
-        gap = round(rng.uniform(*GAP_S), 1)
+        clock = round(clock + rng.uniform(*GAP_S), 1)
         if action == "kill":
-            plan.append(Action(gap, action, target, round(rng.uniform(0.0, 3.0), 1)))
+            step = Action(clock, action, target, round(rng.uniform(0.0, 3.0), 1))
         elif action == "pause":
             past = PAUSE_PAST_S[target.split("-")[0]]
-            plan.append(Action(gap, action, target, round(past + rng.uniform(1.0, 3.0), 1),
-                               f"(past {past:g} s)"))
+            step = Action(clock, action, target, round(past + rng.uniform(1.0, 3.0), 1),
+                          f"(past {past:g} s)")
         elif action == "redis-down":
-            plan.append(Action(gap, action, target, round(rng.uniform(*REDIS_DOWN_S), 1)))
+            step = Action(clock, action, target, round(rng.uniform(*REDIS_DOWN_S), 1))
         else:
             detail = rng.choice(sorted(REFUSALS)) if action == "redis-refuses" else ""
-            plan.append(Action(gap, action, target, round(rng.uniform(*WINDOW_S), 1), detail))
+            step = Action(clock, action, target, round(rng.uniform(*WINDOW_S), 1), detail)
+        plan.append(step)
+        clock = step.end_s
     return plan
 
 
@@ -267,6 +282,8 @@ class Run:
         self.procs = Processes(tmp_path, self.env)
         self.store = JsonlStore(self.sessions)
         self.started = time.monotonic()
+        self.begin = self.started + LEAD_S  # the plan's begin, monotonic and wall clock
+        self.begin_ms = _now_ms() + LEAD_S * 1000
         self.timeline: list[str] = []
         self.deaths: list[str] = []  # processes that exited on their own, with their logs
         self._seen_dead: set[int] = set()  # pids already reported
@@ -303,37 +320,58 @@ class Run:
 
     # -- set-up ---------------------------------------------------------------------
 
-    def create_sessions(self) -> dict[str, str]:
-        """Sessions made ten minutes ago; the first three with a fixed-rate reminder made
-        five minutes ago whose first occurrence falls due during the run, and all with
-        their share of the burst: BURST one-shots due in one second, written straight
-        into the logs as create records. The fixed-rate id per session."""
+    def create_sessions(self, plan: list[Action]) -> dict[str, str]:
+        """Sessions made ten minutes ago, written straight into the logs before any
+        process starts: the first three with a fixed-rate reminder made five minutes ago
+        whose first occurrence falls due during the plan; all with their share of the
+        burst, BURST one-shots due in one second, and of the IN_WINDOW one-shots due
+        through each error-reply and full-disk window. The plan begins LEAD_S later.
+        The fixed-rate id per session."""
         now = _now_ms()
-        burst_at = now + round(self.rng.uniform(*BURST_DUE_S) * 1000)
+        self.begin_ms = now + LEAD_S * 1000
+        self.begin = time.monotonic() + LEAD_S
+        span_ms = round(plan[-1].end_s * 1000)
+        where = self.rng.choice(BURST_IN)
+        window = next((step for step in plan if step.action == where), None)
+        burst_at = self.begin_ms + (round(window.at_s * 1000) + 500 if window is not None
+                                    else self.rng.randrange(span_ms))
+        targets: dict[str, list[tuple[str, int]]] = {session: [] for session in SESSIONS}
+        for n in range(BURST):
+            targets[SESSIONS[n % len(SESSIONS)]].append(
+                (f"burst {n}", burst_at + self.rng.randrange(1000)))
+        in_windows = 0
+        for step in plan:
+            if step.action in ("redis-refuses", "disk-full"):
+                start = self.begin_ms + round(step.at_s * 1000)
+                for n in range(IN_WINDOW):
+                    targets[SESSIONS[n % WINDOW_SESSIONS]].append(
+                        (f"in {step.action} {n}",
+                         start + self.rng.randrange(round(step.hold_s * 1000))))
+                in_windows += IN_WINDOW
         fixed: dict[str, str] = {}
         for index, session in enumerate(SESSIONS):
             self.store.create(SessionHeader(id=session, createdAt=now - 600_000))
             events: list[NewEvent] = []
-            if index < len(FIXED_RATE_DUE_S):
-                target = now + FIXED_RATE_DUE_S[index] * 1000
+            if index < len(FIXED_RATE_AT):
+                target = self.begin_ms + round(FIXED_RATE_AT[index] * span_ms)
                 fixed[session] = f"schedule-{len(events) + 1}"
                 events.append(NewEvent(type=SCHEDULE_CHANGE, time=target - 300_000,
                                        data=encode_change(CreateChange(schedule=EverySchedule(
                                            id=fixed[session], everySeconds=300,
                                            prompt=f"every 300 s in {session}",
                                            scheduledAt=format_instant(target))))))
-            for number in range(index, BURST, len(SESSIONS)):
+            for prompt, target in targets[session]:
                 events.append(NewEvent(type=SCHEDULE_CHANGE, time=now - 120_000,
                                        data=encode_change(CreateChange(schedule=AtSchedule(
-                                           id=f"schedule-{len(events) + 1}",
-                                           prompt=f"burst {number}",
-                                           scheduledAt=format_instant(
-                                               burst_at + self.rng.randrange(1000)))))))
+                                           id=f"schedule-{len(events) + 1}", prompt=prompt,
+                                           scheduledAt=format_instant(target))))))
             self.store.append(session, events, expected_seq=0)
             self.store.flush(session)
-        self.note(f"wrote {len(SESSIONS)} sessions, {len(fixed)} fixed-rate reminders and a"
+        self.note(f"wrote {len(SESSIONS)} sessions, {len(fixed)} fixed-rate reminders,"
+                  f" {in_windows} one-shots due in the error and disk windows, and a"
                   f" burst of {BURST} one-shots due in the second from"
-                  f" {format_instant(burst_at)} ({(burst_at - now) / 1000:.1f} s on)")
+                  f" {format_instant(burst_at)} ({(burst_at - self.begin_ms) / 1000:.1f} s"
+                  f" into the plan, {where}); the plan begins {LEAD_S} s on")
         return fixed
 
     def call(self, session: str, tool: str, args: dict[str, Any]) -> Answer:
@@ -352,17 +390,18 @@ class Run:
         self.answers.append(answer)
         return answer
 
-    def create_one_shots(self) -> None:
+    def create_one_shots(self, span_s: float) -> None:
         """ONE_SHOTS reminders through ``dsh-schedule call``, spread over the sessions and
         the run."""
-        jobs = [(SESSIONS[i % len(SESSIONS)], f"one-shot {i}", self.rng.randint(*DUE_S))
+        latest = max(DUE_S, round((self.begin_ms - _now_ms()) / 1000 + span_s))
+        jobs = [(SESSIONS[i % len(SESSIONS)], f"one-shot {i}", self.rng.randint(DUE_S, latest))
                 for i in range(ONE_SHOTS)]
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda job: self.call(
                 job[0], "schedule_create", {"prompt": job[1], "after_seconds": job[2]}), jobs))
         for answer in answers:
             assert answer.returncode == 0, answer.describe() + "\n" + self.context()
-        self.note(f"created {ONE_SHOTS} one-shots, due {DUE_S[0]}..{DUE_S[1]} s on")
+        self.note(f"created {ONE_SHOTS} one-shots, due {DUE_S}..{latest} s on")
 
     # -- tool calls during the chaos ------------------------------------------------
 
@@ -404,8 +443,13 @@ class Run:
     # -- the plan -------------------------------------------------------------------
 
     def play(self, plan: list[Action]) -> None:
+        """Each action at its time (or at once, when the one before overran)."""
+        late = time.monotonic() - self.begin
+        if late > 0:
+            self.note(f"set-up overran the lead by {late:.1f} s: the plan begins late")
+            self.begin += late
         for step in plan:
-            self.sleep(step.gap_s)
+            self.sleep(self.begin + step.at_s - time.monotonic())
             getattr(self, step.action.replace("-", "_"))(step)
 
     def kill(self, step: Action) -> None:
@@ -600,7 +644,8 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
     client = redis_server.client()
     calls: threading.Thread | None = None
     try:
-        fixed = run.create_sessions()
+        plan = _plan(run.rng)
+        fixed = run.create_sessions(plan)
         for host in HOSTS:
             run.procs.spawn(host, "host", *SESSIONS)
         for worker in WORKERS:
@@ -609,8 +654,7 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
         coordination = Coordination(client, Settings.from_env(run.env))
         assert wait_until(lambda: all(coordination.leases.is_live(s, now_ms=_now_ms())
                                       for s in SESSIONS)), run.context()
-        run.create_one_shots()
-        plan = _plan(run.rng)
+        run.create_one_shots(plan[-1].end_s)
         run.note("plan: " + ", ".join(step.describe() for step in plan))
         calls = threading.Thread(target=run.tool_calls,
                                  args=(random.Random(f"{run.seed}-calls"),), daemon=True)
