@@ -64,6 +64,7 @@ FIXED_RATE_AT = (0.2, 0.5, 0.8)  # the one occurrence of the fixed-rate reminder
 # first three sessions falls due at these fractions of the plan's span
 BURST = 300  # one-shots written into the logs before the hosts start, all due in one second
 # ... and that second falls in one of these windows of the plan, or anywhere in it
+# (due a second before Redis starts refusing writes, so that its wakes are running then)
 BURST_IN = ("disk-full", "redis-refuses", "redis-down", "anywhere")
 IN_WINDOW = 30  # one-shots written into the logs for each error-reply and full-disk window,
 # falling due all through it, in the first WINDOW_SESSIONS sessions: more appends to
@@ -333,8 +334,11 @@ class Run:
         span_ms = round(plan[-1].end_s * 1000)
         where = self.rng.choice(BURST_IN)
         window = next((step for step in plan if step.action == where), None)
-        burst_at = self.begin_ms + (round(window.at_s * 1000) + 500 if window is not None
-                                    else self.rng.randrange(span_ms))
+        if window is None:
+            burst_at = self.begin_ms + self.rng.randrange(span_ms)
+        else:  # due as Redis starts refusing (so wakes are running), else just inside
+            lead = -1000 if where == "redis-refuses" else 500
+            burst_at = self.begin_ms + round(window.at_s * 1000) + lead
         targets: dict[str, list[tuple[str, int]]] = {session: [] for session in SESSIONS}
         for n in range(BURST):
             targets[SESSIONS[n % len(SESSIONS)]].append(
