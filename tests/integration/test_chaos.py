@@ -1,56 +1,92 @@
-"""Chaos under real processes: one ``dsh-schedule host``, two ``worker``s and a
-``scheduler`` on a Redis this test starts, while a seeded random plan SIGKILLs and
-restarts each kind of process, pauses a worker past its lock's time to live, and kills
-Redis (restarting it empty, then running ``dsh-schedule rebuild``).
+"""Chaos under real processes: two ``dsh-schedule host``s serving the same sessions, two
+``worker``s and a ``scheduler`` on a Redis this test starts, while a seeded random plan
+SIGKILLs and restarts each kind of process, pauses a worker past its lock's time to live
+and the host and the scheduler past theirs, takes Redis down for half a minute (back
+empty, with no manual ``dsh-schedule rebuild``), makes Redis refuse every write for a
+while (OOM or NOREPLICAS error replies) and fills the sessions' disk for a while (a small
+tmpfs the test mounts). Several hundred one-shots fall due in the same second, more
+fall due all through the error-reply and full-disk windows (the plan's times are fixed
+when the logs are written, so the due times can aim at them), and tool calls (create,
+list, delete through ``dsh-schedule call``) run all through the chaos.
 
-At the end every one-shot reminder is delivered exactly once and has exactly one dispatch
-record, each fixed-rate reminder's one occurrence in the run is dispatched and delivered
-once, and every log passes ``dsh-schedule check``.
+At the end, read from the session logs by their format alone
+(docs/architecture.md#schedule-records): every one-shot in a log and not deleted there is
+delivered exactly once and has exactly one dispatch record; a deleted one has neither;
+each fixed-rate reminder's one occurrence in the run is dispatched and delivered once; no
+dispatch is decided before its record's target and no delivery comes before its dispatch;
+every tool call's answer is true of the log; no process exited on its own; and every log
+passes ``dsh-schedule check``.
 
 The seed comes from ``DSH_SCHEDULE_CHAOS_SEED`` (random otherwise) and is part of every
-assertion message; the same seed gives the same plan and due times, though not the same
-interleaving of real processes.
+assertion message with the timeline; the same seed gives the same plan and due times,
+though not the same interleaving of real processes.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import signal
+import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, SessionHeader
-from dsh_schedule.shared.core.instant import format_instant
-from dsh_schedule.shared.core.records import CreateChange, EverySchedule, encode_change
+from dsh_schedule.shared.core.instant import format_instant, parse_instant
+from dsh_schedule.shared.core.records import (
+    AtSchedule,
+    CreateChange,
+    EverySchedule,
+    encode_change,
+)
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.redis_server import RedisServer
-from tests.support import (
-    Processes,
-    delivered_counts,
-    dispatch_counts,
-    process_env,
-    wait_until,
-)
+from tests.support import Processes, process_env, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.redis, pytest.mark.slow]
 
 SEED_ENV = "DSH_SCHEDULE_CHAOS_SEED"
-SESSIONS = ("chaos-0", "chaos-1", "chaos-2")
-ONE_SHOTS = 50
-DUE_S = (4, 70)  # one-shots fall due this many seconds after they are created
-FIXED_RATE_DUE_S = (20, 40, 60)  # the one occurrence of each fixed-rate reminder in the run
-CHAOS_S = (2, 62)  # the plan's actions start in this window
+SESSIONS = tuple(f"chaos-{i:02d}" for i in range(20))
+LEAD_S = 40  # the plan begins this long after the sessions are written: room for set-up
+FIXED_RATE_AT = (0.2, 0.5, 0.8)  # the one occurrence of the fixed-rate reminder of the
+# first three sessions falls due at these fractions of the plan's span
+BURST = 300  # one-shots written into the logs before the hosts start, all due in one second
+# ... and that second falls in one of these windows of the plan, or anywhere in it
+# (due a second before Redis starts refusing writes, so that its wakes are running then)
+BURST_IN = ("disk-full", "redis-refuses", "redis-down", "anywhere")
+IN_WINDOW = 30  # one-shots written into the logs for each error-reply and full-disk window,
+# falling due all through it, in the first WINDOW_SESSIONS sessions: more appends to
+# each than the slack of a file's last page takes, so that a full disk refuses them
+WINDOW_SESSIONS = 5
+ONE_SHOTS = 40  # one-shots created through `dsh-schedule call` before the chaos
+DUE_S = 4  # those fall due at least this long after they are created, up to the plan's end
+CALL_DUE_S = (2, 15)  # one-shots created during the chaos fall due this much later
+GAP_S = (0.5, 4.0)  # the plan's pause before each action
 SETTLE_S = 45  # after the last due time: room for expired locks, claims and reconciles
 DUPLICATE_WATCH_S = 5  # a second delivery would show up in this time
+HOSTS = ("host-a", "host-b")
 WORKERS = ("worker-a", "worker-b")
+REDIS_DOWN_S = (28.0, 32.0)
+WINDOW_S = (9.0, 11.0)  # an error-reply or full-disk window lasts this long
+DISK_MB = 64  # the sessions' tmpfs
+FILLER = ".chaos-filler"  # the file that fills it, in the sessions directory
+# How Redis is made to answer every write with an error reply, and how it is restored.
+REFUSALS = {
+    "OOM": ({"maxmemory-policy": "noeviction", "maxmemory": "1"}, {"maxmemory": "0"}),
+    "NOREPLICAS": ({"min-replicas-to-write": "1"}, {"min-replicas-to-write": "0"}),
+}
 
 TIMINGS = {
     "LEASE_TTL": "6",
@@ -62,6 +98,9 @@ TIMINGS = {
     "RECONCILE_INTERVAL": "2",
 }
 LOCK_TTL_S = float(TIMINGS["LOCK_TTL"])
+# A host pause outlasts its leases and its turn phases; a scheduler pause outlasts
+# rq-scheduler's lock (11 s) and the heartbeat's freshness (15 s).
+PAUSE_PAST_S = {"worker": LOCK_TTL_S, "host": float(TIMINGS["TURN_TTL"]), "scheduler": 15.0}
 
 
 def _now_ms() -> int:
@@ -73,31 +112,185 @@ def _seed() -> int:
     return int(named) if named else random.SystemRandom().randrange(2**32)
 
 
-def _plan(rng: random.Random) -> list[tuple[float, str, str]]:
-    """(start second, action, target) in time order."""
-    actions = [("kill", rng.choice(WORKERS)) for _ in range(rng.randint(1, 3))]
-    actions += [("kill", "scheduler") for _ in range(rng.randint(1, 2))]
-    actions += [("kill", "host") for _ in range(rng.randint(1, 2))]
-    actions += [("pause", rng.choice(WORKERS)) for _ in range(rng.randint(1, 2))]
-    actions += [("redis-loss", "redis")]
-    return sorted((round(rng.uniform(*CHAOS_S), 1), action, target)
-                  for action, target in actions)
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+@dataclass(frozen=True)
+class Action:
+    at_s: float  # when it starts, seconds after the plan begins
+    action: str
+    target: str
+    hold_s: float  # how long the process is down, paused, or the window lasts
+    detail: str = ""
+
+    @property
+    def end_s(self) -> float:
+        return self.at_s + self.hold_s
+
+    def describe(self) -> str:
+        extra = f" {self.detail}" if self.detail else ""
+        return f"{self.at_s:g}s {self.action} {self.target} {self.hold_s:g}s{extra}"
+
+
+def _plan(rng: random.Random) -> list[Action]:
+    """The actions, one after the other, in a seeded order with seeded gaps."""
+    picks: list[tuple[str, str]] = [("kill", rng.choice(WORKERS))
+                                    for _ in range(rng.randint(1, 3))]
+    picks += [("kill", "scheduler") for _ in range(rng.randint(1, 2))]
+    picks += [("kill", rng.choice(HOSTS)) for _ in range(rng.randint(1, 2))]
+    picks += [("pause", rng.choice(WORKERS)) for _ in range(rng.randint(1, 2))]
+    picks += [("pause", rng.choice(HOSTS)), ("pause", "scheduler")]
+    picks += [("redis-down", "redis"), ("redis-refuses", "redis"), ("disk-full", "sessions")]
+    rng.shuffle(picks)
+    plan: list[Action] = []
+    clock = 0.0
+    for action, target in picks:
+        clock = round(clock + rng.uniform(*GAP_S), 1)
+        if action == "kill":
+            step = Action(clock, action, target, round(rng.uniform(0.0, 3.0), 1))
+        elif action == "pause":
+            past = PAUSE_PAST_S[target.split("-")[0]]
+            step = Action(clock, action, target, round(past + rng.uniform(1.0, 3.0), 1),
+                          f"(past {past:g} s)")
+        elif action == "redis-down":
+            step = Action(clock, action, target, round(rng.uniform(*REDIS_DOWN_S), 1))
+        else:
+            detail = rng.choice(sorted(REFUSALS)) if action == "redis-refuses" else ""
+            step = Action(clock, action, target, round(rng.uniform(*WINDOW_S), 1), detail)
+        plan.append(step)
+        clock = step.end_s
+    return plan
+
+
+# -- the logs, read by their format alone -----------------------------------------------
+
+
+@dataclass
+class LogStory:
+    """What one session log says of its schedules (docs/architecture.md#schedule-records)."""
+
+    creates: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> schedule
+    deleted: dict[str, int] = field(default_factory=dict)  # id -> seq
+    # (id, seq, time, acceptedAt or None), in log order
+    dispatches: list[tuple[str, int, int, str | None]] = field(default_factory=list)
+    # (seq, time, [(scheduleId, occurrenceAt)]) of each delivered reminder message
+    deliveries: list[tuple[int, int, list[tuple[str, str]]]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, path: Path) -> LogStory:
+        story = cls()
+        lines = path.read_bytes().split(b"\n")
+        for number, line in enumerate(lines[1:], start=2):
+            if not line:
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                if number == len(lines):  # a torn last line, being written
+                    break
+                raise
+            story.add(event)
+        return story
+
+    def add(self, event: dict[str, Any]) -> None:
+        data, seq, at = event["data"], event["seq"], event["time"]
+        if event["type"] == SCHEDULE_CHANGE:
+            operation = data["operation"]
+            if operation == "create":
+                self.creates[data["schedule"]["id"]] = data["schedule"]
+            elif operation == "delete":
+                self.deleted[data["id"]] = seq
+            elif operation == "dispatch":
+                self.dispatches.append((data["id"], seq, at, data.get("acceptedAt")))
+        elif event["type"] == "user/message":
+            source = data.get("source") or {}
+            if source.get("plugin") == "tool-schedule":
+                pairs = [(p["scheduleId"], p["occurrenceAt"])
+                         for p in source.get("reminders") or []]
+                self.deliveries.append((seq, at, pairs))
+
+    def dispatched(self) -> Counter[str]:
+        return Counter(schedule_id for schedule_id, *_ in self.dispatches)
+
+    def delivered(self) -> Counter[str]:
+        return Counter(pair[0] for _, _, pairs in self.deliveries for pair in pairs)
+
+    def expected(self) -> set[str]:
+        """The ids that must be delivered exactly once: every create not deleted."""
+        return set(self.creates) - set(self.deleted)
+
+    def ordering_problems(self) -> list[str]:
+        """A dispatch decided before its record's target, a delivery before its dispatch."""
+        problems = []
+        first_dispatch: dict[str, tuple[int, int]] = {}
+        for schedule_id, seq, at, accepted in self.dispatches:
+            target = parse_instant(self.creates[schedule_id]["scheduledAt"])
+            first_dispatch.setdefault(schedule_id, (seq, at))
+            decided = parse_instant(accepted) if accepted is not None else at
+            if decided < target or at < target:
+                problems.append(f"{schedule_id} dispatched at seq {seq}, time"
+                                f" {format_instant(at)}, acceptedAt {accepted}: before its"
+                                f" target {format_instant(target)}")
+        for seq, at, pairs in self.deliveries:
+            for schedule_id, occurrence in pairs:
+                dispatch = first_dispatch.get(schedule_id)
+                if dispatch is None or dispatch[0] > seq or dispatch[1] > at:
+                    problems.append(f"{schedule_id} delivered at seq {seq} (time"
+                                    f" {format_instant(at)}) before its dispatch {dispatch}")
+                if parse_instant(occurrence) < parse_instant(
+                        self.creates[schedule_id]["scheduledAt"]):
+                    problems.append(f"{schedule_id} delivered as occurrence {occurrence},"
+                                    " before its target")
+        return problems
+
+
+# -- tool calls during the chaos ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One ``dsh-schedule call`` and what it answered."""
+
+    session: str
+    tool: str
+    args: dict[str, Any]
+    started_ms: int
+    ended_ms: int
+    returncode: int
+    value: Any  # the parsed stdout, or None
+    output: str
+
+    def describe(self) -> str:
+        return (f"{self.tool} {json.dumps(self.args)} in {self.session} -> rc"
+                f" {self.returncode}: {self.output.strip()[:300]}")
+
+
+# Error codes a call may answer while Redis or the disk fails; the log decides what happened.
+FAULT_CODES = {"internal_error", "persistence_uncertain"}
 
 
 class Run:
     """The processes, the Redis and the timeline of one chaos run."""
 
-    def __init__(self, tmp_path: Path, server: RedisServer, seed: int) -> None:
+    def __init__(self, tmp_path: Path, server: RedisServer, sessions: Path, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.server = server
-        self.sessions = tmp_path / "sessions"
+        self.sessions = sessions
         self.env = process_env(server.url(), self.sessions, PREFIX="chaos:", QUEUE="chaos",
                                **TIMINGS)
         self.procs = Processes(tmp_path, self.env)
         self.store = JsonlStore(self.sessions)
         self.started = time.monotonic()
+        self.begin = self.started + LEAD_S  # the plan's begin, monotonic and wall clock
+        self.begin_ms = _now_ms() + LEAD_S * 1000
         self.timeline: list[str] = []
+        self.deaths: list[str] = []  # processes that exited on their own, with their logs
+        self._seen_dead: set[int] = set()  # pids already reported
+        self._killing: set[str] = set()
+        self.answers: list[Answer] = []
+        self.calls_done = threading.Event()
 
     def note(self, text: str) -> None:
         self.timeline.append(f"{time.monotonic() - self.started:6.1f}s {text}")
@@ -107,135 +300,407 @@ class Run:
         return (f"chaos seed {self.seed} (rerun with {SEED_ENV}={self.seed})\n"
                 + "\n".join(self.timeline) + "\n" + self.procs.describe())
 
+    def sleep(self, seconds: float) -> None:
+        """Sleep, noticing meanwhile any process that exits on its own."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.watch()
+            time.sleep(min(0.5, left))
+        self.watch()
+
+    def watch(self) -> None:
+        """Record each process that exited without the plan killing it."""
+        for name, proc in list(self.procs.procs.items()):
+            code = proc.poll()
+            if code is None or name in self._killing or proc.pid in self._seen_dead:
+                continue
+            self._seen_dead.add(proc.pid)
+            self.note(f"{name} EXITED {code} on its own")
+            self.deaths.append(f"--- {name} (pid {proc.pid}) exited {code} on its own:\n"
+                               f"{self.procs.log_summary(name)}")
+
     # -- set-up ---------------------------------------------------------------------
 
-    def create_sessions(self) -> dict[str, str]:
-        """Sessions made ten minutes ago, each with a fixed-rate reminder made five
-        minutes ago whose first occurrence falls due during the run; its id per session."""
+    def create_sessions(self, plan: list[Action]) -> dict[str, str]:
+        """Sessions made ten minutes ago, written straight into the logs before any
+        process starts: the first three with a fixed-rate reminder made five minutes ago
+        whose first occurrence falls due during the plan; all with their share of the
+        burst, BURST one-shots due in one second, and of the IN_WINDOW one-shots due
+        through each error-reply and full-disk window. The plan begins LEAD_S later.
+        The fixed-rate id per session."""
         now = _now_ms()
+        self.begin_ms = now + LEAD_S * 1000
+        self.begin = time.monotonic() + LEAD_S
+        span_ms = round(plan[-1].end_s * 1000)
+        where = self.rng.choice(BURST_IN)
+        window = next((step for step in plan if step.action == where), None)
+        if window is None:
+            burst_at = self.begin_ms + self.rng.randrange(span_ms)
+        else:  # due as Redis starts refusing (so wakes are running), else just inside
+            lead = -1000 if where == "redis-refuses" else 500
+            burst_at = self.begin_ms + round(window.at_s * 1000) + lead
+        targets: dict[str, list[tuple[str, int]]] = {session: [] for session in SESSIONS}
+        for n in range(BURST):
+            targets[SESSIONS[n % len(SESSIONS)]].append(
+                (f"burst {n}", burst_at + self.rng.randrange(1000)))
+        in_windows = 0
+        for step in plan:
+            if step.action in ("redis-refuses", "disk-full"):
+                start = self.begin_ms + round(step.at_s * 1000)
+                for n in range(IN_WINDOW):
+                    targets[SESSIONS[n % WINDOW_SESSIONS]].append(
+                        (f"in {step.action} {n}",
+                         start + self.rng.randrange(round(step.hold_s * 1000))))
+                in_windows += IN_WINDOW
         fixed: dict[str, str] = {}
-        for session, due_s in zip(SESSIONS, FIXED_RATE_DUE_S, strict=True):
+        for index, session in enumerate(SESSIONS):
             self.store.create(SessionHeader(id=session, createdAt=now - 600_000))
-            target = now + due_s * 1000
-            change = CreateChange(schedule=EverySchedule(
-                id="schedule-1", prompt=f"every 300 s in {session}", everySeconds=300,
-                scheduledAt=format_instant(target)))
-            self.store.append(session, [NewEvent(type=SCHEDULE_CHANGE, time=target - 300_000,
-                                                 data=encode_change(change))], expected_seq=0)
+            events: list[NewEvent] = []
+            if index < len(FIXED_RATE_AT):
+                target = self.begin_ms + round(FIXED_RATE_AT[index] * span_ms)
+                fixed[session] = f"schedule-{len(events) + 1}"
+                events.append(NewEvent(type=SCHEDULE_CHANGE, time=target - 300_000,
+                                       data=encode_change(CreateChange(schedule=EverySchedule(
+                                           id=fixed[session], everySeconds=300,
+                                           prompt=f"every 300 s in {session}",
+                                           scheduledAt=format_instant(target))))))
+            for prompt, target in targets[session]:
+                events.append(NewEvent(type=SCHEDULE_CHANGE, time=now - 120_000,
+                                       data=encode_change(CreateChange(schedule=AtSchedule(
+                                           id=f"schedule-{len(events) + 1}", prompt=prompt,
+                                           scheduledAt=format_instant(target))))))
+            self.store.append(session, events, expected_seq=0)
             self.store.flush(session)
-            fixed[session] = "schedule-1"
+        self.note(f"wrote {len(SESSIONS)} sessions, {len(fixed)} fixed-rate reminders,"
+                  f" {in_windows} one-shots due in the error and disk windows, and a"
+                  f" burst of {BURST} one-shots due in the second from"
+                  f" {format_instant(burst_at)} ({(burst_at - self.begin_ms) / 1000:.1f} s"
+                  f" into the plan, {where}); the plan begins {LEAD_S} s on")
         return fixed
 
-    def create_one_shots(self) -> dict[str, list[str]]:
+    def call(self, session: str, tool: str, args: dict[str, Any]) -> Answer:
+        started = _now_ms()
+        try:
+            result = self.procs.run("call", session, tool, json.dumps(args), timeout=60)
+            returncode, output = result.returncode, result.stdout + result.stderr
+            stdout = result.stdout
+        except subprocess.TimeoutExpired as exc:
+            returncode, output, stdout = -1, f"timed out: {exc}", ""
+        try:
+            parsed = json.loads(stdout) if stdout.strip() else None
+        except json.JSONDecodeError:
+            parsed = None
+        answer = Answer(session, tool, args, started, _now_ms(), returncode, parsed, output)
+        self.answers.append(answer)
+        return answer
+
+    def create_one_shots(self, span_s: float) -> None:
         """ONE_SHOTS reminders through ``dsh-schedule call``, spread over the sessions and
-        the run; their ids per session."""
-        jobs = [(SESSIONS[i % len(SESSIONS)], f"one-shot {i}", self.rng.randint(*DUE_S))
+        the run."""
+        latest = max(DUE_S, round((self.begin_ms - _now_ms()) / 1000 + span_s))
+        jobs = [(SESSIONS[i % len(SESSIONS)], f"one-shot {i}", self.rng.randint(DUE_S, latest))
                 for i in range(ONE_SHOTS)]
-
-        def create(job: tuple[str, str, int]) -> tuple[str, str]:
-            session, prompt, after = job
-            result = self.procs.run("call", session, "schedule_create",
-                                    json.dumps({"prompt": prompt, "after_seconds": after}))
-            assert result.returncode == 0, result.stdout + result.stderr
-            return session, json.loads(result.stdout)["id"]
-
-        ids: dict[str, list[str]] = {session: [] for session in SESSIONS}
         with ThreadPoolExecutor(8) as pool:
-            for session, schedule_id in pool.map(create, jobs):
-                ids[session].append(schedule_id)
-        self.note(f"created {ONE_SHOTS} one-shots, due {DUE_S[0]}..{DUE_S[1]} s on")
-        return ids
+            answers = list(pool.map(lambda job: self.call(
+                job[0], "schedule_create", {"prompt": job[1], "after_seconds": job[2]}), jobs))
+        for answer in answers:
+            assert answer.returncode == 0, answer.describe() + "\n" + self.context()
+        self.note(f"created {ONE_SHOTS} one-shots, due {DUE_S}..{latest} s on")
+
+    # -- tool calls during the chaos ------------------------------------------------
+
+    def tool_calls(self, rng: random.Random) -> None:
+        """Creates, lists and deletes, one after the other, until the plan is played."""
+        made: list[tuple[str, str]] = []  # (session, id) answered scheduled
+        number = 0
+        while not self.calls_done.is_set():
+            session = rng.choice(SESSIONS)
+            choice = rng.random()
+            if choice < 0.5 or not made:
+                number += 1
+                after = rng.randint(*CALL_DUE_S)
+                answer = self.call(session, "schedule_create",
+                                   {"prompt": f"chaos call {number}", "after_seconds": after})
+                if answer.returncode == 0 and isinstance(answer.value, dict):
+                    made.append((session, answer.value["id"]))
+            elif choice < 0.75:
+                self.call(session, "schedule_list", {})
+            else:
+                session, schedule_id = made.pop(rng.randrange(len(made)))
+                self.call(session, "schedule_delete", {"id": schedule_id})
+            time.sleep(rng.uniform(0.0, 0.5))
+
+    def answer_summary(self, skip: int) -> str:
+        """How the calls after the first ``skip`` answered, by tool."""
+        def outcome(answer: Answer) -> str:
+            value = answer.value
+            if answer.returncode == 3 and isinstance(value, dict):
+                return str(value.get("code"))
+            if answer.returncode != 0:
+                return f"rc {answer.returncode}"
+            if answer.tool == "schedule_delete" and isinstance(value, dict):
+                return "deleted" if value.get("deleted") else "not found"
+            return "ok"
+        counts = Counter(f"{a.tool} {outcome(a)}" for a in self.answers[skip:])
+        return ", ".join(f"{key} {n}" for key, n in sorted(counts.items())) or "none"
 
     # -- the plan -------------------------------------------------------------------
 
-    def play(self, plan: list[tuple[float, str, str]]) -> None:
-        begin = time.monotonic()
-        for at_s, action, target in plan:
-            time.sleep(max(0.0, begin + at_s - time.monotonic()))
-            getattr(self, action.replace("-", "_"))(target)
+    def play(self, plan: list[Action]) -> None:
+        """Each action at its time (or at once, when the one before overran)."""
+        late = time.monotonic() - self.begin
+        if late > 0:
+            self.note(f"set-up overran the lead by {late:.1f} s: the plan begins late")
+            self.begin += late
+        for step in plan:
+            self.sleep(self.begin + step.at_s - time.monotonic())
+            getattr(self, step.action.replace("-", "_"))(step)
 
-    def kill(self, name: str) -> None:
-        self.procs.kill(name)
-        pause = round(self.rng.uniform(0.0, 3.0), 1)
-        self.note(f"SIGKILL {name}; restart in {pause} s")
-        time.sleep(pause)
-        self.procs.restart(name)
+    def kill(self, step: Action) -> None:
+        self.watch()
+        self._killing.add(step.target)
+        try:
+            self.procs.kill(step.target)
+            self.note(f"SIGKILL {step.target}; restart in {step.hold_s} s")
+            time.sleep(step.hold_s)
+            self.procs.restart(step.target)
+        finally:
+            self._killing.discard(step.target)
 
-    def pause(self, name: str) -> None:
-        hold = round(LOCK_TTL_S + self.rng.uniform(1.0, 3.0), 1)
-        self.note(f"SIGSTOP {name} for {hold} s (lock TTL {LOCK_TTL_S:g} s)")
-        self.procs.send(name, signal.SIGSTOP)
-        time.sleep(hold)
-        self.procs.send(name, signal.SIGCONT)
-        self.note(f"SIGCONT {name}")
+    def pause(self, step: Action) -> None:
+        self.note(f"SIGSTOP {step.target} for {step.hold_s} s {step.detail}")
+        self.procs.send(step.target, signal.SIGSTOP)
+        try:
+            time.sleep(step.hold_s)
+        finally:
+            self.procs.send(step.target, signal.SIGCONT)
+        self.note(f"SIGCONT {step.target}")
 
-    def redis_loss(self, _target: str) -> None:
-        down = round(self.rng.uniform(2.0, 8.0), 1)
-        self.note(f"SIGKILL redis-server; down for {down} s, back empty")
+    def redis_down(self, step: Action) -> None:
+        self.note(f"SIGKILL redis-server; down for {step.hold_s} s, back empty, no rebuild")
         self.server.kill()
-        time.sleep(down)
+        self.sleep(step.hold_s)
         self.server.start()
-        rebuilt = self.procs.run("rebuild")
-        self.note(f"redis-server back; dsh-schedule rebuild exited {rebuilt.returncode}:"
-                  f" {(rebuilt.stdout + rebuilt.stderr).strip()[-200:]}")
+        self.note("redis-server back (empty)")
+
+    def redis_refuses(self, step: Action) -> None:
+        """Redis answers, but every write gets an error reply (OOM or NOREPLICAS)."""
+        refuse, restore = REFUSALS[step.detail]
+        client = self.server.client()
+        try:
+            for name, value in refuse.items():
+                client.config_set(name, value)
+            self.note(f"redis-server refuses writes ({step.detail}) for {step.hold_s} s")
+            self.sleep(step.hold_s)
+        finally:
+            for name, value in restore.items():
+                client.config_set(name, value)
+            client.close()
+        self.note("redis-server accepts writes again")
+
+    def disk_full(self, step: Action) -> None:
+        """The sessions' file system full (ENOSPC) for a while."""
+        filler = self.sessions / FILLER
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            for size in (1 << 20, 4096, 1):
+                chunk = b"\0" * size
+                try:
+                    while True:
+                        os.write(fd, chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+            written = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        self.note(f"sessions disk full (a {written >> 20} MiB filler) for {step.hold_s} s")
+        try:
+            self.sleep(step.hold_s)
+        finally:
+            filler.unlink()
+        self.note("sessions disk has room again")
 
     # -- observations ---------------------------------------------------------------
 
-    def all_delivered(self, expected: dict[str, list[str]]) -> Callable[[], bool]:
-        def check() -> bool:
-            return all(set(ids) <= set(delivered_counts(self.store, session))
-                       for session, ids in expected.items())
-        return check
+    def stories(self) -> dict[str, LogStory]:
+        return {session: LogStory.read(self.store.path(session)) for session in SESSIONS}
+
+    def undelivered(self) -> dict[str, set[str]]:
+        """Per session, the ids its log says must still be delivered."""
+        stories = self.stories()
+        return {session: missing for session, story in stories.items()
+                if (missing := story.expected() - set(story.delivered()))}
+
+    def settled(self) -> bool:
+        """Every reminder a log says is due delivered (noticing deaths meanwhile)."""
+        self.watch()
+        return not self.undelivered()
+
+    def last_target_ms(self) -> int:
+        return max(parse_instant(schedule["scheduledAt"])
+                   for story in self.stories().values()
+                   for schedule in story.creates.values())
 
 
-@pytest.mark.timeout(240)
+def answer_problems(answers: list[Answer], stories: dict[str, LogStory]) -> list[str]:
+    """Each tool call's answer checked against what the logs hold at the end."""
+    problems = []
+    deleted_at: dict[tuple[str, str], int] = {}  # answered deleted, when the answer came
+    for answer in answers:
+        if answer.tool == "schedule_delete" and isinstance(answer.value, dict) \
+                and answer.value.get("deleted") is True:
+            deleted_at[(answer.session, answer.args["id"])] = answer.ended_ms
+    for answer in answers:
+        story = stories[answer.session]
+        value = answer.value
+        code = value.get("code") if isinstance(value, dict) and answer.returncode == 3 else None
+        if answer.returncode not in (0, 2, 3) or (answer.returncode == 3 and code is None):
+            problems.append(f"call crashed or answered nothing usable: {answer.describe()}")
+            continue
+        if answer.returncode == 2:  # Redis did not answer within --redis-wait: no call made
+            continue
+        if answer.returncode == 3 and code not in FAULT_CODES:
+            problems.append(f"an error no fault explains: {answer.describe()}")
+            continue
+        if answer.tool == "schedule_create":
+            prompt = answer.args["prompt"]
+            logged = [sid for sid, s in story.creates.items() if s["prompt"] == prompt]
+            if code is None and logged != [value["id"]]:
+                problems.append(f"answered {value['id']}, the log holds {logged}:"
+                                f" {answer.describe()}")
+            elif code == "internal_error" and logged:
+                problems.append(f"answered internal_error, yet the log holds {logged}:"
+                                f" {answer.describe()}")
+        elif answer.tool == "schedule_delete":
+            schedule_id = answer.args["id"]
+            if code is None and value["deleted"] is True and schedule_id not in story.deleted:
+                problems.append(f"answered deleted, the log holds no delete:"
+                                f" {answer.describe()}")
+            elif code is None and value["deleted"] is False:
+                if schedule_id in story.deleted:
+                    problems.append(f"answered not found, yet the log deleted it:"
+                                    f" {answer.describe()}")
+                elif not any(sid == schedule_id and at <= answer.ended_ms
+                             for sid, _, at, _ in story.dispatches):
+                    problems.append(f"answered not found while it was still active:"
+                                    f" {answer.describe()}")
+            elif code == "internal_error" and schedule_id in story.deleted:
+                problems.append(f"answered internal_error, yet the log deleted it:"
+                                f" {answer.describe()}")
+        elif answer.tool == "schedule_list" and code is None:
+            listed = {item["id"] for item in value}
+            for schedule_id in sorted(_surely_active(answers, answer) - listed):
+                problems.append(f"left out {schedule_id}, created before the list started and"
+                                f" neither due nor deleted before it ended:"
+                                f" {answer.describe()}")
+            for item in value:
+                created = story.creates.get(item["id"])
+                if created is None or created["prompt"] != item["prompt"]:
+                    problems.append(f"listed {item['id']} as the log never created it:"
+                                    f" {answer.describe()}")
+                gone = deleted_at.get((answer.session, item["id"]))
+                if gone is not None and gone < answer.started_ms:
+                    problems.append(f"listed {item['id']}, answered deleted before the"
+                                    f" list started: {answer.describe()}")
+    return problems
+
+
+def _surely_active(answers: list[Answer], listing: Answer) -> set[str]:
+    """The ids of ``listing``'s session a true list must show: answered created before it
+    started, due only after it ended, and no delete of them begun before it ended."""
+    deleting = {a.args["id"] for a in answers if a.session == listing.session
+                and a.tool == "schedule_delete" and a.started_ms <= listing.ended_ms}
+    return {a.value["id"] for a in answers
+            if a.session == listing.session and a.tool == "schedule_create"
+            and a.returncode == 0 and a.ended_ms < listing.started_ms
+            and parse_instant(a.value["scheduledAt"]) > listing.ended_ms
+            and a.value["id"] not in deleting}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """The sessions directory on a tmpfs of DISK_MB this test mounts (root only: CI runs
+    as root, and there a failure to mount fails the test)."""
+    directory = tmp_path / "sessions"
+    directory.mkdir()
+    if os.geteuid() != 0 and not _in_ci():
+        pytest.skip("the chaos test mounts a small tmpfs for its full-disk window, which"
+                    " needs root (CI runs as root)")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs",
+                              str(directory)], capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.fail(f"could not mount a tmpfs on {directory} for the full-disk window:"
+                    f" {(mounted.stdout + mounted.stderr).strip()}", pytrace=False)
+    try:
+        yield directory
+    finally:
+        if subprocess.run(["umount", str(directory)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+@pytest.mark.timeout(480)
 def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_redis_loss(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_server: RedisServer, small_disk: Path
 ) -> None:
-    run = Run(tmp_path, redis_server, _seed())
+    run = Run(tmp_path, redis_server, small_disk, _seed())
     print(f"chaos seed {run.seed}")
     client = redis_server.client()
+    calls: threading.Thread | None = None
     try:
-        fixed = run.create_sessions()
-        run.procs.spawn("host", "host", *SESSIONS)
+        plan = _plan(run.rng)
+        fixed = run.create_sessions(plan)
+        for host in HOSTS:
+            run.procs.spawn(host, "host", *SESSIONS)
         for worker in WORKERS:
             run.procs.spawn(worker, "worker")
         run.procs.spawn("scheduler", "scheduler")
         coordination = Coordination(client, Settings.from_env(run.env))
         assert wait_until(lambda: all(coordination.leases.is_live(s, now_ms=_now_ms())
                                       for s in SESSIONS)), run.context()
-        one_shots = run.create_one_shots()
-        created = time.monotonic()
-        plan = _plan(run.rng)
-        run.note("plan: " + ", ".join(f"{a} {t} at {s} s" for s, a, t in plan))
+        run.create_one_shots(plan[-1].end_s)
+        run.note("plan: " + ", ".join(step.describe() for step in plan))
+        calls = threading.Thread(target=run.tool_calls,
+                                 args=(random.Random(f"{run.seed}-calls"),), daemon=True)
+        calls.start()
         run.play(plan)
-        time.sleep(max(0.0, created + DUE_S[1] - time.monotonic()))
-        run.note("last one-shot due")
+        run.calls_done.set()
+        calls.join(120)
+        run.note(f"plan played; tool calls during it: {run.answer_summary(ONE_SHOTS)}")
 
-        expected = {s: [*one_shots[s], fixed[s]] for s in SESSIONS}
-        settled = wait_until(run.all_delivered(expected), timeout=SETTLE_S, interval=0.5)
+        last_due_s = (run.last_target_ms() - _now_ms()) / 1000
+        run.sleep(max(0.0, last_due_s))
+        run.note("last one-shot due")
+        settled = wait_until(run.settled, timeout=SETTLE_S, interval=0.5)
         run.note(f"settled: {settled}")
-        time.sleep(DUPLICATE_WATCH_S)
+        run.sleep(DUPLICATE_WATCH_S)
         print("\n".join(run.timeline))  # shown with -rP, or -s
 
+        stories = run.stories()
         problems: list[str] = []
-        for session, ids in expected.items():
-            delivered = delivered_counts(run.store, session)
-            dispatched = dispatch_counts(run.store, session)
-            for schedule_id in ids:
-                if delivered[schedule_id] != 1 or dispatched[schedule_id] != 1:
-                    problems.append(f"{session} {schedule_id}: delivered"
+        for session, story in stories.items():
+            delivered, dispatched = story.delivered(), story.dispatched()
+            for schedule_id in sorted(story.creates):
+                want = 0 if schedule_id in story.deleted else 1
+                if delivered[schedule_id] != want or dispatched[schedule_id] != want:
+                    problems.append(f"{session} {schedule_id}"
+                                    f" ({story.creates[schedule_id]['prompt']}): delivered"
                                     f" {delivered[schedule_id]}x, dispatched"
-                                    f" {dispatched[schedule_id]}x")
-            unknown = (set(delivered) | set(dispatched)) - set(ids)
-            if unknown:
-                problems.append(f"{session}: unexpected ids {sorted(unknown)}")
-        died = run.procs.dead()
-        if died:
-            problems.append(f"processes died on their own: {died}")
+                                    f" {dispatched[schedule_id]}x, want {want}")
+            problems += [f"{session} {p}" for p in story.ordering_problems()]
+        for session, schedule_id in fixed.items():
+            if schedule_id not in stories[session].creates:
+                problems.append(f"{session}: the fixed-rate {schedule_id} is gone")
+        problems += answer_problems(run.answers, stories)
+        run.watch()
+        if run.deaths:
+            problems.append("processes exited on their own:\n" + "\n".join(run.deaths))
         assert not problems, "\n".join(problems) + "\n" + run.context()
         checked = run.procs.check(run.sessions)
         assert checked.returncode == 0, checked.stdout + checked.stderr + run.context()
     finally:
+        run.calls_done.set()
+        if calls is not None:
+            calls.join(60)
         client.close()
         run.procs.close()
