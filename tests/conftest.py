@@ -86,6 +86,22 @@ def __getattr__(name: str) -> str:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The browser tests run last, whatever order pytest chose for its parametrised fixtures.
+
+    Playwright's sync API keeps an event loop running in the main thread from the first
+    browser test to the end of the session, and ``asyncio.run`` refuses to start under a
+    running loop: any asyncio test after the first browser test would fail. pytest groups
+    items by session-scoped parameters (the browser's name), which can move the browser
+    tests in front of others as the collection grows.
+    """
+    browser = [item for item in items if "browser_name" in getattr(item, "fixturenames", ())]
+    if browser:
+        others = [item for item in items if "browser_name" not in getattr(item, "fixturenames", ())]
+        items[:] = others + browser
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     real_redis_url()
 
