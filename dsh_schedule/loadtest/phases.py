@@ -182,6 +182,42 @@ def create_args(i: int, seconds: int) -> dict[str, Any]:
     return {"prompt": f"load reminder {i}", "after_seconds": seconds}
 
 
+# The cron creates' zones: with and without daylight saving, a 30-minute change, UTC.
+CRON_ZONES: Final = ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe",
+                     "Asia/Tokyo", "UTC")
+
+
+def recurring_args(kind: str, i: int, month: int) -> dict[str, Any]:
+    """An ``every_seconds`` create, or a weekday ``cron`` rule of ``month`` at one of 1 440
+    times of day in one of ``CRON_ZONES`` (more rules than the parser's cache holds)."""
+    prompt = f"load reminder {i}"
+    if kind == "every":
+        return {"prompt": prompt, "every_seconds": FAR_S + i}
+    expression = f"{i % 60} {i // 60 % 24} * {month} MON-FRI"
+    return {"prompt": prompt,
+            "cron": {"expression": expression, "time_zone": CRON_ZONES[i % len(CRON_ZONES)]}}
+
+
+def _recurring_creates(rt: Runtime, plan: Plan, kind: str,
+                       progress: Progress) -> tuple[float | None, Latency, int]:
+    """``plan.creates`` creates of ``kind`` on fresh agents: rate, latency, failures."""
+    progress.note(f"{kind} creates")
+    settings = msgspec.structs.replace(rt.settings, calendar=True)
+    names = [f"{plan.tag}-{kind}{i}" for i in range(plan.create_agents)]
+    hosts = open_agents(rt, plan, names, settings=settings)
+    handlers = [hosts.tool(n) for n in names]
+    # The month after next: like every_seconds = FAR_S, nothing falls due while the load
+    # test runs.
+    month = (to_datetime(wall_clock_ms()).month + 1) % 12 + 1
+
+    def create(i: int) -> bool:
+        return not handlers[i % len(handlers)](recurring_args(kind, i, month)).is_error
+
+    lat, seconds, errors = timed_calls(create, plan.creates, plan.threads, progress)
+    hosts.close()
+    return per_second(plan.creates - errors, seconds), latency(lat), errors
+
+
 # -- creates ----------------------------------------------------------------------------
 
 
@@ -202,13 +238,17 @@ def measure_create(rt: Runtime, plan: Plan, progress: Progress) -> CreateFigure:
     mine, lib = latency(ours), latency(bare_lat)
     per_s = per_second(plan.creates - errors, seconds)
     bare_per_s = per_second(plan.creates, bare_seconds)
+    every_per_s, every_latency, every_errors = _recurring_creates(rt, plan, "every", progress)
+    cron_per_s, cron_latency, cron_errors = _recurring_creates(rt, plan, "cron", progress)
     return CreateFigure(
         hosts=plan.hosts, agents=plan.create_agents, threads=plan.threads, count=plan.creates,
-        errors=errors,
+        errors=errors + every_errors + cron_errors,
         seconds=round(seconds, 3), per_s=per_s, latency=mine, bare_per_s=bare_per_s,
         bare_latency=lib, ratio_per_s=rate_ratio(per_s, bare_per_s),
         ratio_p50=cost_ratio(mine.p50_ms, lib.p50_ms),
         ratio_p99=cost_ratio(mine.p99_ms, lib.p99_ms),
+        every_per_s=every_per_s, every_latency=every_latency, cron_per_s=cron_per_s,
+        cron_latency=cron_latency, cron_vs_every=rate_ratio(cron_per_s, every_per_s),
     )
 
 
