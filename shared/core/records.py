@@ -13,6 +13,7 @@ Area/Location name. Encoding writes keys in the documented order.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -167,15 +168,25 @@ def _check_cron(schedule: CronSchedule) -> None:
     """The rule must be valid and in its stored form, the zone one the pinned zone data
     names. Nothing is checked against the zone's offsets: a log stays readable whatever
     the zone data says later (docs/decisions.md#calendar-rules)."""
-    if normalise_expression(schedule.cron) != schedule.cron:
-        raise ScheduleLogError("cron is not in its stored form")
+    fault = _cron_fault(schedule.cron, schedule.timeZone)
+    if fault is not None:
+        raise ScheduleLogError(fault)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cron_fault(cron: str, zone: str) -> str | None:
+    """What is wrong with a stored rule and zone, or None (a record is decoded several
+    times on its way into a log, and a session's rules repeat)."""
+    if normalise_expression(cron) != cron:
+        return "cron is not in its stored form"
     try:
-        rule = parse_rule(schedule.cron)
-        load_zone(schedule.timeZone)
+        rule = parse_rule(cron)
+        load_zone(zone)
     except ToolError as exc:
-        raise ScheduleLogError(f"cron record is not valid: {exc.code}") from None
+        return f"cron record is not valid: {exc.code}"
     if not rule.possible:
-        raise ScheduleLogError("cron rule matches no date")
+        return "cron rule matches no date"
+    return None
 
 
 def decode_change(data: Any) -> Change:
