@@ -38,7 +38,7 @@ from dsh_schedule.shared.core.instant import format_instant, parse_instant, to_d
 from dsh_schedule.shared.core.presentation import receipt_value, reminder_presentation
 from dsh_schedule.shared.core.timesel import load_zone
 from dsh_schedule.shared.core.views import render
-from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.settings import Settings, calendar_from_env
 from dsh_schedule.shared.store.jsonl import JsonlStore
 
 SESSION = "demo-session"
@@ -80,7 +80,7 @@ class Demo:
         self.t = timeline
         self.store = JsonlStore(sessions)
         self.settings = Settings.from_env(
-            {}, sessions=sessions, redis_url=redis_url,
+            {}, sessions=sessions, redis_url=redis_url, calendar=calendar_from_env(),
             prefix=f"dsh-demo-{os.getpid()}:", queue=f"dsh-demo-{os.getpid()}",
         )
         self.redis_url = redis_url
@@ -209,6 +209,7 @@ class Demo:
         targets = [format_instant(anchor + k * 300_000) for k in range(3)]
         self.t.say(f"every 300 s, anchor-aligned targets: {', '.join(targets)}, ...")
         self.confirm_zone()
+        self.calendar_rule()
         spare = self.tool("schedule_create", {"prompt": "Never mind", "after_seconds": 20})
         self.tool("schedule_list", {})
         self.tool("schedule_delete", {"id": spare["id"]})
@@ -244,6 +245,20 @@ class Demo:
         self.t.say(f"the same in a turn whose time-context reading confirms {SESSION_ZONE} "
                    "(the person's client is there too):")
         self.tool("schedule_create", args, time_context=True)
+
+    def calendar_rule(self) -> None:
+        """A weekday rule in a zone and its next occurrence (DSH_SCHEDULE_CALENDAR=on); it is
+        deleted again, so the rest of the demo is the same either way."""
+        if not self.settings.calendar:
+            self.t.say("calendar rules are off; DSH_SCHEDULE_CALENDAR=on shows a weekday rule")
+            return
+        rule = {"expression": "0 9 * * MON-FRI", "time_zone": ZONE}
+        self.t.say(f"a calendar rule: every weekday at 09:00 in {ZONE}")
+        view = self.tool("schedule_create", {"prompt": "Daily stand-up", "cron": rule})
+        local = to_datetime(parse_instant(view["scheduledAt"])).astimezone(load_zone(ZONE))
+        self.t.say(f"next occurrence: {view['scheduledAt']} = {local:%A %Y-%m-%d %H:%M} "
+                   f"in {ZONE} (docs/decisions.md#calendar-rules)")
+        self.tool("schedule_delete", {"id": view["id"]})
 
     def fixed_rate_batch(self) -> bool:
         """Two fixed-rate reminders falling due together arrive as one batch message."""

@@ -50,6 +50,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The longest prompt schedule_create accepts, in bytes of UTF-8 after trimming; logs
     # holding longer ones still replay (docs/decisions.md#tool-arguments).
     max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    # Offer calendar rules (the cron selector) to schedule_create; reading them never
+    # needs it (docs/decisions.md#calendar-rules).
+    calendar: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_prompt_bytes <= MAX_PROMPT_BYTES_CEILING:
@@ -84,6 +87,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "DSH_SCHEDULE_METRICS_PORT": "metrics_port",
             "DSH_SCHEDULE_METRICS_ADDR": "metrics_addr",
             "DSH_SCHEDULE_MAX_PROMPT_BYTES": "max_prompt_bytes",
+            "DSH_SCHEDULE_CALENDAR": "calendar",
         }
         for var, field in names.items():
             if env.get(var):
@@ -96,6 +100,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             return cls(**typed)
         except (TypeError, ValueError) as exc:
             raise SettingsError(str(exc)) from None
+
+
+def calendar_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """``DSH_SCHEDULE_CALENDAR`` alone, for a command that needs no other setting (such as
+    ``catalog``); SettingsError when it is not on or off."""
+    env = os.environ if env is None else env
+    if not env.get("DSH_SCHEDULE_CALENDAR"):
+        return False
+    try:
+        return bool(_typed("calendar", env["DSH_SCHEDULE_CALENDAR"]))
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 _SWITCH: Final = {"on": True, "true": True, "1": True, "yes": True,
@@ -112,12 +128,12 @@ def _typed(field: str, value: object) -> object:
         if not (text.isdigit() and 1 <= int(text) <= 65535):
             raise ValueError(f"metrics_port must be a TCP port from 1 to 65535, got {value!r}")
         return int(text)
-    if field == "syncfs":
+    if field in ("syncfs", "calendar"):
         if isinstance(value, bool):
             return value
         word = str(value).strip().lower()
         if word not in _SWITCH:
-            raise ValueError(f"syncfs must be on or off, got {value!r}")
+            raise ValueError(f"{field} must be on or off, got {value!r}")
         return _SWITCH[word]
     if field == "max_prompt_bytes":
         text = str(value).strip()

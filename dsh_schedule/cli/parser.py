@@ -160,7 +160,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("seq", type=int, metavar="SEQ")
     p.set_defaults(func=cmd_present)
-    p = sub.add_parser("catalog", help="print the tool definitions")
+    p = sub.add_parser(
+        "catalog", help="print the tool definitions",
+        description="Print the three tools' definitions. With DSH_SCHEDULE_CALENDAR=on, the "
+                    "variant with calendar rules (schedule_create with cron; "
+                    "docs/decisions.md#calendar-rules).")
     _verbose(p)
     p.add_argument("--format", choices=["catalog", "openai", "anthropic"], default="catalog")
     p.set_defaults(func=cmd_catalog)

@@ -151,7 +151,8 @@ class AsyncSchedulePlugin:
 
     ``async_client`` is the ``redis.asyncio`` client ``bridge.ready`` waits with; by
     default one is made from ``settings.redis_url`` (and closed by ``dispose``), except on
-    the embedded Redis, where the wait runs in a worker thread.
+    the embedded Redis, where the wait runs in a worker thread. ``calendar`` is the sync
+    plugin's: it offers calendar rules, None takes ``settings.calendar``.
     """
 
     def __init__(
@@ -163,10 +164,11 @@ class AsyncSchedulePlugin:
         clock: Clock = wall_clock_ms,
         consumer: str | None = None,
         async_client: redis.asyncio.Redis | None = None,
+        calendar: bool | None = None,
     ) -> None:
         self.sync = SchedulePlugin(
             store=store, coordination=coordination, settings=settings, clock=clock,
-            consumer=consumer,
+            consumer=consumer, calendar=calendar,
         )
         if store is None or coordination is None or settings is None:  # raised above
             raise CompositionError("the Schedule plugin needs its services")

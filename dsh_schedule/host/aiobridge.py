@@ -57,6 +57,12 @@ class AsyncScheduleTools:
     def __init__(self, tools: ScheduleTools) -> None:
         self.sync = tools
 
+    @property
+    def calendar(self) -> bool:
+        """Whether the tools offer calendar rules (the sync tools' switch; off for tools
+        built without them, as the adapters' definitions are)."""
+        return bool(getattr(self.sync, "calendar", False))
+
     async def call(self, agent: str, tool: str, args: Any) -> ToolResult:
         """Run one tool call; every failure becomes a closed-code error value. A call
         cancelled while it runs finishes first: its answer is then lost, never half-done."""

@@ -93,6 +93,8 @@ class SchedulePlugin:
 
     A host renews the leases with ``renew_leases`` and learns which agents have followups
     from ``bridge.ready`` (pushed; docs/architecture.md#hosts-followups-and-rebuild).
+    ``calendar`` offers calendar rules (``schedule_create`` with ``cron``,
+    docs/decisions.md#calendar-rules); None takes ``settings.calendar`` (off by default).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class SchedulePlugin:
         settings: Settings | None,
         clock: Clock = wall_clock_ms,
         consumer: str | None = None,
+        calendar: bool | None = None,
     ) -> None:
         if store is None:
             raise CompositionError("the Schedule plugin needs a session store")
@@ -113,7 +116,7 @@ class SchedulePlugin:
         self.settings = settings
         self._coord = coordination
         self._clock = clock
-        self.tools = ScheduleTools(store, coordination, settings, clock)
+        self.tools = ScheduleTools(store, coordination, settings, clock, calendar=calendar)
         self.bridge = HostBridge(
             store, coordination, settings, clock=clock, consumer=consumer
         )
@@ -127,7 +130,7 @@ class SchedulePlugin:
     def _on_agent_created(self, agent: AgentHandle) -> None:
         if not agent.is_root:
             return
-        for definition in tool_definitions():
+        for definition in tool_definitions(self.tools.calendar):
             handler = partial(self.tools.call, agent.agent_id, definition.name)
             agent.register_tool(definition, handler)
         self.installed.append(agent.agent_id)

@@ -68,7 +68,11 @@ class _Recompute:
 
 
 class ScheduleTools:
-    """Runs tool calls for agents whose id is their root session id."""
+    """Runs tool calls for agents whose id is their root session id.
+
+    ``calendar`` offers calendar rules (the ``cron`` selector); None takes
+    ``settings.calendar``. Records of calendar rules are read either way.
+    """
 
     def __init__(
         self,
@@ -76,7 +80,9 @@ class ScheduleTools:
         coordination: Coordination,
         settings: Settings,
         clock: Clock,
+        calendar: bool | None = None,
     ) -> None:
+        self.calendar = settings.calendar if calendar is None else calendar
         self._store = store
         self._coord = coordination
         self._settings = settings
@@ -137,7 +143,8 @@ class ScheduleTools:
     # -- transactions ---------------------------------------------------------------
 
     def _create(self, agent: str, args: Any) -> ToolResult:
-        request = parse_create_args(args, max_prompt_bytes=self._settings.max_prompt_bytes)
+        request = parse_create_args(
+            args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar)
 
         def attempt(owner: _Recompute) -> ToolResult:
             session, state = self._preflight(agent, owner)

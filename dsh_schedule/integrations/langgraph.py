@@ -99,7 +99,8 @@ def schedule_tools(
     (async only), bound to ``thread_id`` — or, when None, to the ``thread_id`` of each
     run's ``configurable``."""
     tools = _tools_of(plugin)
-    return [_schedule_tool(tools, definition, thread_id) for definition in tool_definitions()]
+    definitions = tool_definitions(tools.calendar)
+    return [_schedule_tool(tools, definition, thread_id) for definition in definitions]
 
 
 class ScheduleRunRecorder(AsyncCallbackHandler):

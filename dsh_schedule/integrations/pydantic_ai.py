@@ -123,7 +123,7 @@ def schedule_tools(plugin: AsyncSchedulePlugin | AsyncScheduleTools) -> list[Too
     """``schedule_create``, ``schedule_list`` and ``schedule_delete`` as Pydantic AI tools
     for an agent whose dependencies have ``agent_id``."""
     tools = _tools_of(plugin)
-    return [_schedule_tool(tools, definition) for definition in tool_definitions()]
+    return [_schedule_tool(tools, d) for d in tool_definitions(tools.calendar)]
 
 
 class _RunLog:

@@ -26,6 +26,14 @@ class CreateFigure(msgspec.Struct, frozen=True, kw_only=True):
     ratio_per_s: float | None
     ratio_p50: float | None
     ratio_p99: float | None
+    # The same creates as recurring reminders, each kind on fresh agents of its own with
+    # calendar rules enabled: every_seconds, then cron rules in several zones; cron_vs_every
+    # is every's rate over cron's (> 1: cron creates are costlier).
+    every_per_s: float | None = None
+    every_latency: Latency | None = None
+    cron_per_s: float | None = None
+    cron_latency: Latency | None = None
+    cron_vs_every: float | None = None
 
 
 class SessionSize(msgspec.Struct, frozen=True, kw_only=True):

@@ -182,6 +182,70 @@ def create_args(i: int, seconds: int) -> dict[str, Any]:
     return {"prompt": f"load reminder {i}", "after_seconds": seconds}
 
 
+# The cron creates' zones: with and without daylight saving, a 30-minute change, UTC.
+CRON_ZONES: Final = ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe",
+                     "Asia/Tokyo", "UTC")
+
+
+# The cron creates' times of day: every five minutes of the day, 288 distinct rules (which
+# the rule parser's cache holds, as it would a host's few hundred rules).
+CRON_TIMES: Final = 288
+
+
+def recurring_args(kind: str, i: int, month: int) -> dict[str, Any]:
+    """An ``every_seconds`` create, or a weekday ``cron`` rule of ``month`` at one of
+    ``CRON_TIMES`` times of day in one of ``CRON_ZONES``."""
+    prompt = f"load reminder {i}"
+    if kind == "every":
+        return {"prompt": prompt, "every_seconds": FAR_S + i}
+    minute_of_day = i % CRON_TIMES * 5
+    expression = f"{minute_of_day % 60} {minute_of_day // 60} * {month} MON-FRI"
+    return {"prompt": prompt,
+            "cron": {"expression": expression, "time_zone": CRON_ZONES[i % len(CRON_ZONES)]}}
+
+
+# Recurring creates run in this many alternating blocks of each kind, so that what else
+# the machine does weighs on both kinds alike.
+RECURRING_BLOCKS: Final = 4
+
+
+def _recurring_creates(rt: Runtime, plan: Plan, progress: Progress
+                       ) -> dict[str, tuple[float | None, Latency, int]]:
+    """``plan.creates`` creates of each recurring kind, each kind on fresh agents of its
+    own, in alternating blocks: per kind its rate, latency and failures."""
+    progress.note("every_seconds and cron creates, alternating")
+    settings = msgspec.structs.replace(rt.settings, calendar=True)
+    kinds = ("every", "cron")
+    hosts = {kind: open_agents(rt, plan, [f"{plan.tag}-{kind}{i}"
+                                          for i in range(plan.create_agents)], settings=settings)
+             for kind in kinds}
+    handlers = {kind: [hosts[kind].tool(f"{plan.tag}-{kind}{i}")
+                       for i in range(plan.create_agents)] for kind in kinds}
+    # The month after next: like every_seconds = FAR_S, nothing falls due while the load
+    # test runs.
+    month = (to_datetime(wall_clock_ms()).month + 1) % 12 + 1
+    block = max(1, plan.creates // RECURRING_BLOCKS)
+    lat: dict[str, list[float]] = {kind: [] for kind in kinds}
+    seconds = dict.fromkeys(kinds, 0.0)
+    errors = dict.fromkeys(kinds, 0)
+    for first in range(0, plan.creates, block):
+        count = min(block, plan.creates - first)
+        for kind in kinds:
+            def create(i: int, kind: str = kind, first: int = first) -> bool:
+                calls = handlers[kind]
+                args = recurring_args(kind, first + i, month)
+                return not calls[(first + i) % len(calls)](args).is_error
+
+            part, spent, failed = timed_calls(create, count, plan.threads)
+            lat[kind] += part
+            seconds[kind] += spent
+            errors[kind] += failed
+    for kind in kinds:
+        hosts[kind].close()
+    return {kind: (per_second(plan.creates - errors[kind], seconds[kind]), latency(lat[kind]),
+                   errors[kind]) for kind in kinds}
+
+
 # -- creates ----------------------------------------------------------------------------
 
 
@@ -202,13 +266,18 @@ def measure_create(rt: Runtime, plan: Plan, progress: Progress) -> CreateFigure:
     mine, lib = latency(ours), latency(bare_lat)
     per_s = per_second(plan.creates - errors, seconds)
     bare_per_s = per_second(plan.creates, bare_seconds)
+    recurring = _recurring_creates(rt, plan, progress)
+    every_per_s, every_latency, every_errors = recurring["every"]
+    cron_per_s, cron_latency, cron_errors = recurring["cron"]
     return CreateFigure(
         hosts=plan.hosts, agents=plan.create_agents, threads=plan.threads, count=plan.creates,
-        errors=errors,
+        errors=errors + every_errors + cron_errors,
         seconds=round(seconds, 3), per_s=per_s, latency=mine, bare_per_s=bare_per_s,
         bare_latency=lib, ratio_per_s=rate_ratio(per_s, bare_per_s),
         ratio_p50=cost_ratio(mine.p50_ms, lib.p50_ms),
         ratio_p99=cost_ratio(mine.p99_ms, lib.p99_ms),
+        every_per_s=every_per_s, every_latency=every_latency, cron_per_s=cron_per_s,
+        cron_latency=cron_latency, cron_vs_every=rate_ratio(cron_per_s, every_per_s),
     )
 
 

@@ -75,6 +75,8 @@ def targets(f: Figures, *, real_redis: bool) -> list[Target]:
     rows: list[tuple[str, str, float | None, Callable[[float], bool | None]]] = [
         ("creates/s per host process", ">= 500", c.per_s if c else None, _at_least(500)),
         ("create cost vs bare", "<= 3x", c.ratio_per_s if c else None, _at_most(3)),
+        ("cron creates vs every_seconds creates", "<= 1.1x",
+         c.cron_vs_every if c else None, _at_most(1.1)),
         ("lateness due->followup p99 ms", "<= 500",
          late.followup.p99_ms if late else None, _at_most(500)),
         ("rebuild seconds (10 000 agents x 10)", "<= 5", r.seconds if r else None,
@@ -165,6 +167,10 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
         rows.append(("creates/s", _fmt(c.per_s), _fmt(c.bare_per_s), _fmt(c.ratio_per_s, "x")))
         rows.append(("create latency", _lat(c.latency), _lat(c.bare_latency),
                      _fmt(c.ratio_p99, "x p99")))
+        if c.cron_per_s is not None or c.every_per_s is not None:
+            rows.append(("creates/s cron | every_seconds",
+                         f"{_fmt(c.cron_per_s)} | {_fmt(c.every_per_s)}", "",
+                         _fmt(c.cron_vs_every, "x")))
     if (s := f.long_session) is not None:
         for size in s.sizes:
             rows.append((f"create on {size.events:,}-event session",

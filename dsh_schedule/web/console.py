@@ -308,7 +308,8 @@ class Console:
                 ]
 
             turn = self._append(session_id, opening)
-            plan = model.plan(text, now_ms=now, zone=reading_zone)
+            plan = model.plan(text, now_ms=now, zone=reading_zone,
+                              calendar=self.settings.calendar)
             answered = [self._call(session_id, agent, call) for call in plan.calls]
             reply = plan.reply or model.answer(answered, zone=reading_zone)
 

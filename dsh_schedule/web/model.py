@@ -12,6 +12,11 @@ It understands
   accepts only when the turn's time-context reading and the browser's zone confirm the
   session's zone (docs/architecture.md#local-times-without-a-zone). The date is the next
   day on which that local time is still ahead, read in the zone the model was given;
+- with calendar rules enabled (docs/decisions.md#calendar-rules): ``every weekday at 09:00
+  stand-up`` (also ``every day``, ``every monday`` … ``every sunday``, ``every weekend``,
+  optionally ``… in Europe/Berlin``) → ``schedule_create`` with ``cron``: the rule string
+  alone (its zone from the turn, as for a bare ``at``), or ``{expression, time_zone}``
+  when a zone is named;
 - ``list`` → ``schedule_list``;
 - ``delete schedule-2`` (or ``cancel``/``remove``) → ``schedule_delete``.
 
@@ -64,6 +69,18 @@ _AT: Final = re.compile(
     r"\s+(?:to\s+)?(?P<prompt>.+)",
     _FLAGS,
 )
+_DAYS: Final = {
+    "day": "*", "weekday": "MON-FRI", "weekend": "SAT,SUN",
+    **{f"{name}day": name[:3].upper() for name in ("mon", "tues", "wednes", "thurs", "fri",
+                                                    "satur", "sun")},
+}
+_CRON: Final = re.compile(
+    r"(?:remind me\s+)?every\s+(?P<days>day|weekday|weekend|monday|tuesday|wednesday|thursday"
+    r"|friday|saturday|sunday)\s+at\s+(?P<hour>\d{1,2}):(?P<minute>\d{2})"
+    rf"(?:\s+in\s+{_ZONE})?"
+    r"\s+(?:to\s+)?(?P<prompt>.+)",
+    _FLAGS,
+)
 _LIST: Final = re.compile(
     r"(?:list|ls|show|list reminders|show reminders|what(?:'s| is) scheduled)\??", _FLAGS
 )
@@ -93,10 +110,11 @@ class Answered:
     value: Any
 
 
-def plan(text: str, *, now_ms: int, zone: str | None) -> Plan:
+def plan(text: str, *, now_ms: int, zone: str | None, calendar: bool = False) -> Plan:
     """The tool calls for a prompt. ``zone`` is the zone the model reads local times in
     (the session's, from the time-context reading); it only picks the date of a bare
-    ``at HH:MM``, it is never passed to the tool."""
+    ``at HH:MM``, it is never passed to the tool. ``calendar`` says whether the tool
+    offers calendar rules; only then is ``every weekday at 09:00 …`` a rule."""
     words = " ".join(text.split())
     if not words:
         return Plan(reply=HELP)
@@ -107,6 +125,8 @@ def plan(text: str, *, now_ms: int, zone: str | None) -> Plan:
     if match := _AFTER.fullmatch(words) or _AFTER_TAIL.fullmatch(words):
         seconds = _count(match["n"]) * _UNITS[match["unit"].lower()]
         return _create(match["prompt"], after_seconds=seconds)
+    if calendar and (match := _CRON.fullmatch(words)):
+        return _create(match["prompt"], cron=_cron(match))
     if match := _EVERY.fullmatch(words):
         seconds = _count(match["n"]) * _UNITS[match["unit"].lower()]
         return _create(match["prompt"], every_seconds=seconds)
@@ -117,6 +137,14 @@ def plan(text: str, *, now_ms: int, zone: str | None) -> Plan:
 
 def _create(prompt: str, **selector: Any) -> Plan:
     return Plan(calls=(ToolCall("schedule_create", {"prompt": prompt, **selector}),))
+
+
+def _cron(match: re.Match[str]) -> str | dict[str, str]:
+    """The ``cron`` selector: ``minute hour * * days``, with the zone only when named."""
+    expression = f"{int(match['minute'])} {int(match['hour'])} * * {_DAYS[match['days'].lower()]}"
+    if match["zone"]:
+        return {"expression": expression, "time_zone": match["zone"]}
+    return expression
 
 
 def _count(word: str | None) -> int:
@@ -208,6 +236,8 @@ def _describe(view: dict[str, Any], zone: str | None) -> str:
         return f"{prompt} every {view['everySeconds']} s, next at {when}"
     if view["kind"] == "after":
         return f"{prompt} in {view['afterSeconds']} s, at {when}"
+    if view["kind"] == "cron":
+        return f"{prompt} on the rule “{view['cron']}” in {view['timeZone']}, next at {when}"
     return f"{prompt} at {when}"
 
 

@@ -5,6 +5,9 @@ nowhere else. ``docs/tool-catalog.md`` is generated from them
 (``python -m dsh_schedule.shared.core.catalog > docs/tool-catalog.md``),
 ``dsh-schedule catalog`` prints
 ``catalog_json()``, and the two exporters give the OpenAI and Anthropic tool formats.
+Each takes ``calendar``: when calendar rules are enabled (docs/decisions.md#calendar-rules)
+``schedule_create`` gains the ``cron`` selector and a ``cron`` view; disabled (the
+default) every definition is exactly the one without them.
 Schemas are JSON Schema draft 2020-12; argument schemas avoid a top-level
 ``oneOf``/``anyOf``/``allOf`` so every tool format accepts them, and stay advisory: the
 request parser remains the authority on every code.
@@ -54,6 +57,16 @@ CREATE_DESCRIPTION: Final = (
     "batches at least 300 seconds apart. Answers the new schedule's view, or an error "
     "object {code, message}."
 )
+CALENDAR_SENTENCES: Final = (
+    " With calendar rules, cron is a fourth selector: a recurring reminder at local "
+    "wall-clock times, given as a five-field cron expression \"minute hour day-of-month "
+    'month day-of-week", such as "0 9 * * MON-FRI" (every weekday at 09:00), or as '
+    '{"expression": "0 9 * * MON-FRI", "time_zone": "Area/Location"}; the time_zone rule '
+    "is the one for a local at. Its times of day must be at least 5 minutes apart. A time "
+    "skipped by a daylight-saving change fires when the change ends; a time that happens "
+    "twice fires once, the first time."
+)
+CALENDAR_CREATE_DESCRIPTION: Final = CREATE_DESCRIPTION + CALENDAR_SENTENCES
 LIST_DESCRIPTION: Final = (
     "List every active reminder of this session in creation order. Each view has state "
     '"scheduled" or "overdue" and deliveryMode "session-local" (delivered only while this '
@@ -143,8 +156,31 @@ def _at_schema() -> dict[str, Any]:
     return {"description": "When a one-shot reminder is due.", "oneOf": [offset, local]}
 
 
-def create_input_schema() -> dict[str, Any]:
-    """``{prompt, after_seconds? | at? | every_seconds?}``: prompt and exactly one selector."""
+def _cron_schema() -> dict[str, Any]:
+    expression = _string(
+        'Five-field cron expression "minute hour day-of-month month day-of-week", such as '
+        '"0 9 * * MON-FRI"; times of day at least 5 minutes apart.',
+        minLength=1,
+    )
+    with_zone = _object(
+        {
+            "expression": expression,
+            "time_zone": _string(
+                'Zone the rule is read in: "UTC" or an IANA Area/Location name. Omit only '
+                "when the user's time zone is confirmed for this turn."
+            ),
+        },
+        ["expression"],
+    )
+    return {
+        "description": "When a calendar rule recurs, at local wall-clock times.",
+        "oneOf": [expression, with_zone],
+    }
+
+
+def create_input_schema(calendar: bool = False) -> dict[str, Any]:
+    """``{prompt, after_seconds? | at? | every_seconds? | cron?}``: prompt and exactly one
+    selector (``cron`` only with ``calendar``)."""
     properties = {
         "prompt": _string(
             "The reminder text, shown back to you when it is due. Surrounding whitespace is "
@@ -169,6 +205,8 @@ def create_input_schema() -> dict[str, Any]:
             "description": "Fixed-rate reminder every this many seconds (at least 300).",
         },
     }
+    if calendar:
+        properties["cron"] = _cron_schema()
     # prompt plus exactly one selector, without a top-level oneOf.
     return _object(properties, ["prompt"], minProperties=2, maxProperties=2)
 
@@ -184,7 +222,7 @@ def delete_input_schema() -> dict[str, Any]:
     return _object({"id": schedule_id}, ["id"])
 
 
-def _view_defs() -> dict[str, Any]:
+def _view_defs(calendar: bool = False) -> dict[str, Any]:
     common = {
         "id": _string("Session-local schedule id.", minLength=1),
         "prompt": _string("The trimmed reminder text.", minLength=1),
@@ -199,8 +237,9 @@ def _view_defs() -> dict[str, Any]:
         "When an overdue recurring reminder held back by the 300-second batch gap may go out.",
         pattern=INSTANT_PATTERN,
     )
-    return {
-        "view": {"oneOf": [{"$ref": f"#/$defs/{k}View"} for k in ("after", "at", "every")]},
+    kinds = ("after", "at", "every", "cron") if calendar else ("after", "at", "every")
+    defs = {
+        "view": {"oneOf": [{"$ref": f"#/$defs/{k}View"} for k in kinds]},
         "afterView": _object(
             {**common, "kind": {"const": "after"}, "afterSeconds": after}, [*base, "afterSeconds"]
         ),
@@ -215,6 +254,18 @@ def _view_defs() -> dict[str, Any]:
             [*base, "everySeconds"],
         ),
     }
+    if calendar:
+        defs["cronView"] = _object(
+            {
+                **common,
+                "kind": {"const": "cron"},
+                "cron": _string("The rule, trimmed, its spaces made single.", minLength=1),
+                "timeZone": _string('The zone the rule is read in: "UTC" or Area/Location.'),
+                "deliveryNotBefore": not_before,
+            },
+            [*base, "cron", "timeZone"],
+        )
+    return defs
 
 
 def error_schema() -> dict[str, Any]:
@@ -240,20 +291,20 @@ def _result(description: str, one_of: list[dict[str, Any]], defs: dict[str, Any]
     }
 
 
-def create_output_schema() -> dict[str, Any]:
+def create_output_schema(calendar: bool = False) -> dict[str, Any]:
     return _result(
         "The new schedule's view, or an error.",
         [{"$ref": "#/$defs/view"}, {"$ref": "#/$defs/error"}],
-        _view_defs(),
+        _view_defs(calendar),
     )
 
 
-def list_output_schema() -> dict[str, Any]:
+def list_output_schema(calendar: bool = False) -> dict[str, Any]:
     views = {"type": "array", "items": {"$ref": "#/$defs/view"}}
     return _result(
         "The views of all active schedules in creation order, or an error.",
         [views, {"$ref": "#/$defs/error"}],
-        _view_defs(),
+        _view_defs(calendar),
     )
 
 
@@ -271,20 +322,21 @@ def delete_output_schema() -> dict[str, Any]:
     )
 
 
-def tool_definitions() -> list[ToolDefinition]:
-    """The three management tools in catalog order (fresh, independently mutable copies)."""
+def tool_definitions(calendar: bool = False) -> list[ToolDefinition]:
+    """The three management tools in catalog order (fresh, independently mutable copies);
+    ``calendar`` gives the variant with calendar rules."""
     return [
         ToolDefinition(
             name="schedule_create",
-            description=CREATE_DESCRIPTION,
-            input_schema=create_input_schema(),
-            output_schema=create_output_schema(),
+            description=CALENDAR_CREATE_DESCRIPTION if calendar else CREATE_DESCRIPTION,
+            input_schema=create_input_schema(calendar),
+            output_schema=create_output_schema(calendar),
         ),
         ToolDefinition(
             name="schedule_list",
             description=LIST_DESCRIPTION,
             input_schema=list_input_schema(),
-            output_schema=list_output_schema(),
+            output_schema=list_output_schema(calendar),
         ),
         ToolDefinition(
             name="schedule_delete",
@@ -295,7 +347,7 @@ def tool_definitions() -> list[ToolDefinition]:
     ]
 
 
-def catalog_json() -> list[dict[str, Any]]:
+def catalog_json(calendar: bool = False) -> list[dict[str, Any]]:
     """What ``dsh-schedule catalog`` prints: name, description, inputSchema, outputSchema."""
     return [
         {
@@ -304,11 +356,11 @@ def catalog_json() -> list[dict[str, Any]]:
             "inputSchema": tool.input_schema,
             "outputSchema": tool.output_schema,
         }
-        for tool in tool_definitions()
+        for tool in tool_definitions(calendar)
     ]
 
 
-def openai_tools() -> list[dict[str, Any]]:
+def openai_tools(calendar: bool = False) -> list[dict[str, Any]]:
     """The tools in the OpenAI function-calling format."""
     return [
         {
@@ -319,15 +371,15 @@ def openai_tools() -> list[dict[str, Any]]:
                 "parameters": tool.input_schema,
             },
         }
-        for tool in tool_definitions()
+        for tool in tool_definitions(calendar)
     ]
 
 
-def anthropic_tools() -> list[dict[str, Any]]:
+def anthropic_tools(calendar: bool = False) -> list[dict[str, Any]]:
     """The tools in the Anthropic tool-use format."""
     return [
         {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema}
-        for tool in tool_definitions()
+        for tool in tool_definitions(calendar)
     ]
 
 
@@ -368,6 +420,44 @@ def _error_section() -> list[str]:
     ]
 
 
+def _calendar_section() -> list[str]:
+    create, listing = tool_definitions(calendar=True)[:2]
+    return [
+        "## Calendar rules: `schedule_create` with `cron`",
+        "",
+        "Offered only when calendar rules are enabled: `SchedulePlugin(..., calendar=True)` "
+        "(and `AsyncSchedulePlugin`, which both adapters take), or `DSH_SCHEDULE_CALENDAR=on` "
+        "for `call`, `host`, `demo` and `web`; `DSH_SCHEDULE_CALENDAR=on dsh-schedule catalog` "
+        "prints this variant. Disabled (the default), the tools are exactly the ones above and "
+        "`cron` is an unknown key (`invalid_selector`). Records of calendar rules are read "
+        "whatever the setting. The semantics, with daylight-saving examples, are in "
+        "docs/decisions.md#calendar-rules.",
+        "",
+        "With them, `cron` answers `invalid_rule` when it is neither an expression string nor "
+        '`{"expression", "time_zone"?}`, breaks the grammar, or matches no time in the next '
+        "ten years; `frequency_too_high` when two of its times of day can be less than 5 "
+        "minutes apart; `invalid_time_zone` and `timezone_confirmation_required` as a local "
+        "`at` does (grammar and frequency are checked first); `time_out_of_range` when its "
+        "first occurrence lies after 9999.",
+        "",
+        f"### `{create.name}` description",
+        "",
+        create.description,
+        "",
+        "### Arguments",
+        "",
+        *_json_block(create.input_schema),
+        "",
+        "### Result",
+        "",
+        "The result of `schedule_create`, and each item of the `schedule_list` result, may "
+        "also be a `cronView`:",
+        "",
+        *_json_block(listing.output_schema["$defs"]["cronView"]),
+        "",
+    ]
+
+
 def render_catalog_markdown() -> str:
     """The full text of ``docs/tool-catalog.md``."""
     lines = [
@@ -383,6 +473,7 @@ def render_catalog_markdown() -> str:
     for tool in tool_definitions():
         lines.extend(_tool_section(tool))
     lines.extend(_error_section())
+    lines.extend(_calendar_section())
     return "\n".join(lines)
 
 

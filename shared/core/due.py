@@ -1,9 +1,9 @@
 """What the live owner must do now, decided purely from the fold and ``now``
 (docs/architecture.md#the-due-transaction).
 
-The earliest due one-shot goes alone; otherwise every due fixed-rate record goes in one
-batch once the 300-second recurring gate is open; otherwise the owner waits until the
-next decision time.
+The earliest due one-shot goes alone; otherwise every due recurring record (``every``
+and ``cron`` alike) goes in one batch once the 300-second recurring gate is open;
+otherwise the owner waits until the next decision time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import msgspec
 
 from dsh_schedule.shared.core.fold import RECURRING_GAP_MS, FoldState
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.shared.core.records import EverySchedule, Schedule
+from dsh_schedule.shared.core.records import RECURRING_TYPES, RecurringSchedule, Schedule
 
 
 class DispatchOne(msgspec.Struct, frozen=True, kw_only=True):
@@ -20,7 +20,7 @@ class DispatchOne(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DispatchBatch(msgspec.Struct, frozen=True, kw_only=True):
-    records: tuple[EverySchedule, ...]
+    records: tuple[RecurringSchedule, ...]
     accepted_ms: int
 
 
@@ -42,14 +42,14 @@ def gate_opens_ms(state: FoldState) -> int | None:
 
 def due_decision(state: FoldState, now_ms: int) -> Decision:
     targets = [(parse_instant(r.scheduledAt), index, r) for index, r in enumerate(state.active)]
-    one_shots = [t for t in targets if not isinstance(t[2], EverySchedule) and t[0] <= now_ms]
+    one_shots = [t for t in targets if not isinstance(t[2], RECURRING_TYPES) and t[0] <= now_ms]
     if one_shots:
         return DispatchOne(record=min(one_shots, key=lambda t: (t[0], t[1]))[2])
     gate = gate_opens_ms(state)
     gate_open = gate is None or now_ms >= gate
-    due_every = sorted(t for t in targets if isinstance(t[2], EverySchedule) and t[0] <= now_ms)
+    due_every = sorted(t for t in targets if isinstance(t[2], RECURRING_TYPES) and t[0] <= now_ms)
     if due_every and gate_open:
-        batch = tuple(r for _, _, r in due_every if isinstance(r, EverySchedule))
+        batch = tuple(r for _, _, r in due_every if isinstance(r, RECURRING_TYPES))
         return DispatchBatch(records=batch, accepted_ms=now_ms)
     future = [t[0] for t in targets if t[0] > now_ms]
     if due_every and gate is not None:

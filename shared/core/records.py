@@ -1,18 +1,27 @@
-"""Strict version-1 ``schedule/change`` records (docs/architecture.md#schedule-records).
+"""Strict ``schedule/change`` records (docs/architecture.md#schedule-records).
 
-Decoding rejects unknown versions, operations and kinds, missing or extra keys at any
-level, wrong types, non-canonical instants, untrimmed or empty prompts and out-of-range
-numbers. Encoding writes keys in the documented order.
+Version 1 holds every operation of the ``after``, ``at`` and ``every`` kinds. Version 2
+is only the create of a calendar rule (kind ``cron``); its delete and dispatch keep the
+version-1 shapes, so a log that never used calendar rules is all version 1.
+
+Decoding rejects unknown versions, operations and kinds (a version-2 record of any other
+kind, a version-1 create of a ``cron`` record), missing or extra keys at any level, wrong
+types, non-canonical instants, untrimmed or empty prompts, out-of-range numbers, a rule
+that is not in its stored form or not valid, and a zone that is not ``UTC`` or a known
+Area/Location name. Encoding writes keys in the documented order.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
-from dsh_schedule.shared.core.errors import ScheduleLogError
+from dsh_schedule.shared.core.cron import normalise_expression, parse_rule
+from dsh_schedule.shared.core.errors import ScheduleLogError, ToolError
 from dsh_schedule.shared.core.instant import MAX_SAFE_INTEGER, is_canonical_instant
+from dsh_schedule.shared.core.timesel import load_zone
 
 MIN_EVERY_SECONDS: Final[int] = 300
 # everySeconds * 1000 must stay a safe integer.
@@ -71,12 +80,29 @@ class EverySchedule(_Record, frozen=True, kw_only=True):
     scheduledAt: str
 
 
-Schedule = AfterSchedule | AtSchedule | EverySchedule
+class CronSchedule(_Record, frozen=True, kw_only=True):
+    """A calendar rule (docs/decisions.md#calendar-rules): ``cron`` is the expression in
+    its stored form, ``timeZone`` the zone it is evaluated in, ``scheduledAt`` its next
+    occurrence."""
+
+    id: str
+    kind: Literal["cron"] = "cron"
+    prompt: str
+    cron: str
+    timeZone: str
+    scheduledAt: str
+
+
+Schedule = AfterSchedule | AtSchedule | EverySchedule | CronSchedule
+RecurringSchedule = EverySchedule | CronSchedule
+RECURRING_TYPES: Final = (EverySchedule, CronSchedule)
 ONE_SHOT_KINDS: Final = frozenset({"after", "at"})
 
 
 class CreateChange(_Record, frozen=True, kw_only=True):
-    version: Literal[1] = 1
+    """Build it with ``create_change``, which picks the version the kind needs."""
+
+    version: Literal[1, 2] = 1
     operation: Literal["create"] = "create"
     schedule: Schedule
 
@@ -98,10 +124,23 @@ class DispatchChange(_Record, frozen=True, kw_only=True):
 
 Change = CreateChange | DeleteChange | DispatchChange
 
-_SCHEDULE_TYPES: Final[dict[str, type[AfterSchedule] | type[AtSchedule] | type[EverySchedule]]] = {
+
+def create_change(schedule: Schedule) -> CreateChange:
+    """The create record of ``schedule``: version 2 for a calendar rule, else version 1."""
+    if isinstance(schedule, CronSchedule):
+        return CreateChange(version=2, schedule=schedule)
+    return CreateChange(version=1, schedule=schedule)
+
+
+_ScheduleType = type[AfterSchedule] | type[AtSchedule] | type[EverySchedule] | type[CronSchedule]
+_SCHEDULE_TYPES: Final[dict[str, _ScheduleType]] = {
     "after": AfterSchedule,
     "at": AtSchedule,
     "every": EverySchedule,
+}
+_CREATE_TYPES: Final[dict[int, dict[str, _ScheduleType]]] = {
+    1: _SCHEDULE_TYPES,
+    2: {"cron": CronSchedule},
 }
 _CREATE_KEYS: Final = frozenset({"version", "operation", "schedule"})
 
@@ -121,17 +160,47 @@ def _check_schedule(schedule: Schedule) -> None:
         raise ScheduleLogError("prompt holds a lone surrogate")
     if not is_canonical_instant(schedule.scheduledAt):
         raise ScheduleLogError("scheduledAt is not a canonical UTC instant")
+    if isinstance(schedule, CronSchedule):
+        _check_cron(schedule)
+
+
+def _check_cron(schedule: CronSchedule) -> None:
+    """The rule must be valid and in its stored form, the zone one the pinned zone data
+    names. Nothing is checked against the zone's offsets: a log stays readable whatever
+    the zone data says later (docs/decisions.md#calendar-rules)."""
+    fault = _cron_fault(schedule.cron, schedule.timeZone)
+    if fault is not None:
+        raise ScheduleLogError(fault)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cron_fault(cron: str, zone: str) -> str | None:
+    """What is wrong with a stored rule and zone, or None (a record is decoded several
+    times on its way into a log, and a session's rules repeat)."""
+    if normalise_expression(cron) != cron:
+        return "cron is not in its stored form"
+    try:
+        rule = parse_rule(cron)
+        load_zone(zone)
+    except ToolError as exc:
+        return f"cron record is not valid: {exc.code}"
+    if not rule.possible:
+        return "cron rule matches no date"
+    return None
 
 
 def decode_change(data: Any) -> Change:
     """Decode the ``data`` of a ``schedule/change`` event; ScheduleLogError when invalid."""
     if not isinstance(data, dict):
         raise ScheduleLogError("schedule/change data is not an object")
-    if data.get("version") != 1 or type(data.get("version")) is not int:
+    version = data.get("version")
+    if type(version) is not int or version not in _CREATE_TYPES:
         raise ScheduleLogError("unknown schedule/change version")
     operation = data.get("operation")
     if operation == "create":
-        return _decode_create(data)
+        return _decode_create(data, version)
+    if version != 1:
+        raise ScheduleLogError(f"version {version} holds only creates")
     change: DeleteChange | DispatchChange
     if operation == "delete":
         change = _convert(data, DeleteChange)
@@ -149,17 +218,17 @@ def decode_change(data: Any) -> Change:
     return change
 
 
-def _decode_create(data: dict[str, Any]) -> CreateChange:
+def _decode_create(data: dict[str, Any], version: int) -> CreateChange:
     schedule_data = data.get("schedule")
     if not isinstance(schedule_data, dict) or set(data) != _CREATE_KEYS:
         raise ScheduleLogError("malformed create record")
     kind = schedule_data.get("kind")
-    schedule_type = _SCHEDULE_TYPES.get(kind) if isinstance(kind, str) else None
+    schedule_type = _CREATE_TYPES[version].get(kind) if isinstance(kind, str) else None
     if schedule_type is None:
-        raise ScheduleLogError("unknown schedule kind")
+        raise ScheduleLogError(f"unknown schedule kind for version {version}")
     schedule: Schedule = _convert(schedule_data, schedule_type)
     _check_schedule(schedule)
-    return CreateChange(schedule=schedule)
+    return create_change(schedule)
 
 
 def _convert(data: dict[str, Any], cls: type[_R]) -> _R:

@@ -14,16 +14,22 @@ from typing import Final
 
 import msgspec
 
+from dsh_schedule.shared.core.cron import parse_rule
+from dsh_schedule.shared.core.cron_occurrences import latest_at_or_before, next_after
 from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.instant import MAX_MS, format_instant, parse_instant
 from dsh_schedule.shared.core.records import (
+    RECURRING_TYPES,
     Change,
     CreateChange,
+    CronSchedule,
     DeleteChange,
     DispatchChange,
     EverySchedule,
+    RecurringSchedule,
     Schedule,
 )
+from dsh_schedule.shared.core.timesel import load_zone
 
 RECURRING_GAP_MS: Final[int] = 300_000
 
@@ -72,6 +78,43 @@ def _following(record: EverySchedule, occurrence_ms: int) -> EverySchedule | Non
     )
 
 
+def cron_occurrence_at(record: CronSchedule, accepted_ms: int) -> int:
+    """The latest occurrence of the rule not after ``accepted_ms`` (>= scheduledAt).
+
+    It is never before the record's target: under the zone data a log was written with,
+    the target is itself an occurrence not after the acceptance; should the zone data
+    have moved an occurrence since, the target still bounds it, so replay never fails
+    on it (docs/decisions.md#calendar-rules).
+    """
+    target = parse_instant(record.scheduledAt)
+    latest = latest_at_or_before(parse_rule(record.cron), load_zone(record.timeZone), accepted_ms)
+    return target if latest is None else max(latest, target)
+
+
+def advance_cron(record: CronSchedule, accepted_ms: int) -> CronSchedule | None:
+    """The record after a dispatch accepted at ``accepted_ms``: its target becomes the
+    rule's first occurrence strictly after it; None past 9999, which ends the record."""
+    following = next_after(parse_rule(record.cron), load_zone(record.timeZone), accepted_ms)
+    if following is None:
+        return None
+    return CronSchedule(
+        id=record.id,
+        prompt=record.prompt,
+        cron=record.cron,
+        timeZone=record.timeZone,
+        scheduledAt=format_instant(following),
+    )
+
+
+def _recurring_delivery(record: RecurringSchedule, accepted_ms: int) -> tuple[int, Schedule | None]:
+    """The occurrence a recurring dispatch accepted at ``accepted_ms`` delivers, and the
+    record after it."""
+    if isinstance(record, CronSchedule):
+        return cron_occurrence_at(record, accepted_ms), advance_cron(record, accepted_ms)
+    occurrence = occurrence_at(record, accepted_ms)
+    return occurrence, _following(record, occurrence)
+
+
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
     """What one dispatch did: the record as it was dispatched, the occurrence it
     delivered, the batch time (None for a one-shot) and the record after it (None once
@@ -99,7 +142,7 @@ def deliver(record: Schedule, dispatch: DispatchChange) -> Delivery:
     ScheduleLogError when a one-shot dispatch carries ``acceptedAt``, a recurring one
     lacks it, or a recurring one was accepted before the record's current target.
     """
-    if not isinstance(record, EverySchedule):
+    if not isinstance(record, RECURRING_TYPES):
         if dispatch.acceptedAt is not None:
             raise ScheduleLogError("one-shot dispatch carries acceptedAt")
         return Delivery(
@@ -113,12 +156,9 @@ def deliver(record: Schedule, dispatch: DispatchChange) -> Delivery:
     accepted = parse_instant(dispatch.acceptedAt)
     if accepted < parse_instant(record.scheduledAt):
         raise ScheduleLogError("recurring dispatch accepted before its target")
-    occurrence = occurrence_at(record, accepted)
+    occurrence, following = _recurring_delivery(record, accepted)
     return Delivery(
-        record=record,
-        occurrence_ms=occurrence,
-        accepted_ms=accepted,
-        following=_following(record, occurrence),
+        record=record, occurrence_ms=occurrence, accepted_ms=accepted, following=following
     )
 
 

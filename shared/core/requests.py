@@ -25,6 +25,12 @@ A selector key given with ``null`` still counts as given.
 The prompt limit holds for new creates only: replay never measures a prompt, so a log
 that holds a longer one (written before the limit, or under a higher one) folds and
 delivers as before.
+
+Calendar rules (docs/decisions.md#calendar-rules) are offered only when the caller enables
+them (``calendar=True``): then ``cron`` is a fourth selector key, its shape, grammar and
+frequency are checked in step 3 (``invalid_rule``, ``frequency_too_high``) and its zone
+and first occurrence by ``build_create``. Disabled, ``cron`` is an unknown key like any
+other (``invalid_selector``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from dsh_schedule.shared.core.cron import read_cron_selector
+from dsh_schedule.shared.core.cron_occurrences import resolve_cron
 from dsh_schedule.shared.core.errors import ToolError
 from dsh_schedule.shared.core.fold import FoldState, allocate_id
 from dsh_schedule.shared.core.instant import MAX_MS, MAX_SAFE_INTEGER, MIN_MS, format_instant
@@ -43,14 +51,16 @@ from dsh_schedule.shared.core.records import (
     AfterSchedule,
     AtSchedule,
     CreateChange,
+    CronSchedule,
     EverySchedule,
     Schedule,
+    create_change,
     is_utf8_safe,
     js_trim,
 )
 from dsh_schedule.shared.core.timesel import resolve_at
 
-SelectorKind = Literal["after", "at", "every"]
+SelectorKind = Literal["after", "at", "every", "cron"]
 
 SELECTOR_KEYS: Final[dict[str, SelectorKind]] = {
     "after_seconds": "after",
@@ -61,12 +71,19 @@ CREATE_KEYS: Final = frozenset({"prompt", *SELECTOR_KEYS})
 # The longest prompt a create accepts by default, in bytes of UTF-8 after trimming
 # (``Settings.max_prompt_bytes``, docs/architecture.md#timings).
 DEFAULT_MAX_PROMPT_BYTES: Final[int] = 32 * 1024
+# With calendar rules enabled: ``cron`` is a selector too.
+CRON_KEY: Final = "cron"
+CALENDAR_SELECTOR_KEYS: Final[dict[str, SelectorKind]] = {**SELECTOR_KEYS, CRON_KEY: "cron"}
+CALENDAR_CREATE_KEYS: Final = frozenset({"prompt", *CALENDAR_SELECTOR_KEYS})
 
 _MSG_AFTER: Final[str] = (
     "after_seconds must be a positive whole number of seconds, at most 9007199254740991."
 )
 _MSG_EVERY: Final[str] = (
     "every_seconds must be a whole number of seconds from 300 to 9007199254740."
+)
+_MSG_SELECTOR_CALENDAR: Final[str] = (
+    "Provide exactly one of after_seconds, at, every_seconds, or cron, and no other keys."
 )
 _MSG_SURROGATE: Final[str] = "prompt must be valid Unicode text; it holds an unpaired surrogate."
 _MSG_DELETE: Final[str] = (
@@ -79,7 +96,7 @@ _MSG_LIST: Final[str] = "schedule_list takes no arguments; pass {}."
 class CreateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A shape-checked ``schedule_create`` call; exactly the field of ``kind`` is set.
 
-    ``prompt`` is already trimmed; ``at`` is the raw selector value.
+    ``prompt`` is already trimmed; ``at`` and ``cron`` are the raw selector values.
     """
 
     kind: SelectorKind
@@ -87,6 +104,7 @@ class CreateRequest(msgspec.Struct, frozen=True, kw_only=True):
     after_seconds: int | None = None
     at: Any = None
     every_seconds: int | None = None
+    cron: Any = None
 
 
 def _whole_number(value: Any) -> int | None:
@@ -100,12 +118,16 @@ def _whole_number(value: Any) -> int | None:
     return None
 
 
-def _selector_kind(args: Any) -> SelectorKind:
-    if not isinstance(args, dict) or not set(args) <= CREATE_KEYS:
-        raise ToolError("invalid_selector")
-    given = [kind for key, kind in SELECTOR_KEYS.items() if key in args]
+def _selector_kind(args: Any, calendar: bool = False) -> SelectorKind:
+    keys, selectors = (
+        (CALENDAR_CREATE_KEYS, CALENDAR_SELECTOR_KEYS) if calendar else (CREATE_KEYS, SELECTOR_KEYS)
+    )
+    message = _MSG_SELECTOR_CALENDAR if calendar else None
+    if not isinstance(args, dict) or not set(args) <= keys:
+        raise ToolError("invalid_selector", message)
+    given = [kind for key, kind in selectors.items() if key in args]
     if len(given) != 1:
-        raise ToolError("invalid_selector")
+        raise ToolError("invalid_selector", message)
     return given[0]
 
 
@@ -149,12 +171,18 @@ def _every_seconds(value: Any) -> int:
 
 
 def parse_create_args(
-    args: Any, *, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    args: Any, *, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES, calendar: bool = False
 ) -> CreateRequest:
     """The ``schedule_create`` request, or the first shape error in the module's order;
-    a prompt may hold at most ``max_prompt_bytes`` bytes of UTF-8 after trimming."""
-    kind = _selector_kind(args)
+    a prompt may hold at most ``max_prompt_bytes`` bytes of UTF-8 after trimming.
+
+    ``calendar`` offers the ``cron`` selector; without it ``cron`` is an unknown key.
+    """
+    kind = _selector_kind(args, calendar)
     prompt = _prompt(args, max_prompt_bytes)
+    if kind == "cron":
+        read_cron_selector(args[CRON_KEY])  # shape, grammar and frequency, before any zone
+        return CreateRequest(kind="cron", prompt=prompt, cron=args[CRON_KEY])
     if kind == "after":
         return CreateRequest(
             kind="after", prompt=prompt, after_seconds=_after_seconds(args["after_seconds"])
@@ -205,7 +233,7 @@ def build_create(
     """The create record for ``request`` at the single sample ``now_ms``.
 
     The id is the next never-used ``schedule-N`` of ``state``. ``zone`` is called only
-    for an ``at`` object without ``time_zone``. Raises the ``at`` errors of
+    for an ``at`` object or a ``cron`` rule without ``time_zone``. Raises the ``at`` errors of
     ``resolve_at`` and ``time_out_of_range``; the seconds of a request not made by
     ``parse_create_args`` are checked again and rejected as that function would.
     """
@@ -229,9 +257,19 @@ def build_create(
             everySeconds=every_seconds,
             scheduledAt=_target_after(now_ms, every_seconds),
         )
+    elif request.kind == "cron":
+        # The first target is the rule's first occurrence strictly after the create.
+        resolved = resolve_cron(request.cron, now_ms=now_ms, implicit_zone=zone)
+        schedule = CronSchedule(
+            id=schedule_id,
+            prompt=request.prompt,
+            cron=resolved.rule.expression,
+            timeZone=resolved.time_zone,
+            scheduledAt=format_instant(resolved.scheduled_at_ms),
+        )
     else:
         target = resolve_at(request.at, now_ms=now_ms, implicit_zone=zone)
         schedule = AtSchedule(
             id=schedule_id, prompt=request.prompt, scheduledAt=format_instant(target)
         )
-    return CreateChange(schedule=schedule)
+    return create_change(schedule)

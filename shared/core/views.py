@@ -16,7 +16,13 @@ from dsh_schedule.shared.core.due import gate_opens_ms
 from dsh_schedule.shared.core.errors import ToolError
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.instant import MAX_MS, format_instant, parse_instant
-from dsh_schedule.shared.core.records import AfterSchedule, EverySchedule, Schedule
+from dsh_schedule.shared.core.records import (
+    RECURRING_TYPES,
+    AfterSchedule,
+    CronSchedule,
+    EverySchedule,
+    Schedule,
+)
 
 DELIVERY_MODE: Final = "session-local"
 NOT_FOUND_CODE: Final = "schedule_not_found"
@@ -30,13 +36,14 @@ def view_state(record: Schedule, now_ms: int) -> ViewState:
 
 
 def delivery_not_before_ms(record: Schedule, state: FoldState, now_ms: int) -> int | None:
-    """When an overdue ``every`` record held back by the recurring gate may go out.
+    """When an overdue recurring (``every`` or ``cron``) record held back by the recurring
+    gate may go out.
 
     None for one-shots, for records that are not overdue, when the gate is open, and
     when the gate would open after 9999-12-31T23:59:59.999Z: no instant can name that
     time, so the view leaves it out rather than show a time it is not.
     """
-    if not isinstance(record, EverySchedule) or view_state(record, now_ms) != "overdue":
+    if not isinstance(record, RECURRING_TYPES) or view_state(record, now_ms) != "overdue":
         return None
     gate = gate_opens_ms(state)
     if gate is None or now_ms >= gate or gate > MAX_MS:
@@ -51,6 +58,9 @@ def schedule_view(record: Schedule, state: FoldState, now_ms: int) -> dict[str, 
         view["afterSeconds"] = record.afterSeconds
     elif isinstance(record, EverySchedule):
         view["everySeconds"] = record.everySeconds
+    elif isinstance(record, CronSchedule):
+        view["cron"] = record.cron
+        view["timeZone"] = record.timeZone
     view["scheduledAt"] = record.scheduledAt
     view["state"] = view_state(record, now_ms)
     view["deliveryMode"] = DELIVERY_MODE

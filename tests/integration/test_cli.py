@@ -278,7 +278,7 @@ def test_call_takes_its_tool_names_from_the_catalog(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     real = catalog.tool_definitions
     monkeypatch.setattr(catalog, "tool_definitions",
-                        lambda: [t for t in real() if t.name != "schedule_delete"])
+                        lambda *a: [t for t in real(*a) if t.name != "schedule_delete"])
     assert cli_module.main(["call", "s", "schedule_delete", '{"id": "schedule-1"}']) == 2
     assert capsys.readouterr().err == (
         "dsh-schedule: call: unknown tool 'schedule_delete' "

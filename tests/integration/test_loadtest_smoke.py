@@ -27,8 +27,9 @@ LATENCY = {"count", "p50_ms", "p99_ms", "max_ms", "mean_ms"}
 FIGURES: dict[str, tuple[set[str], set[str]]] = {
     "create": (
         {"hosts", "agents", "threads", "count", "errors", "seconds", "per_s", "latency",
-         "bare_per_s", "bare_latency", "ratio_per_s", "ratio_p50", "ratio_p99"},
-        {"per_s", "bare_per_s", "ratio_per_s"},
+         "bare_per_s", "bare_latency", "ratio_per_s", "ratio_p50", "ratio_p99",
+         "every_per_s", "every_latency", "cron_per_s", "cron_latency", "cron_vs_every"},
+        {"per_s", "bare_per_s", "ratio_per_s", "every_per_s", "cron_per_s", "cron_vs_every"},
     ),
     "long_session": (
         {"calls", "errors", "sizes", "ratio", "ratio_p50", "ratio_p99", "bare_ratio"},
@@ -81,7 +82,7 @@ PROCESS_FIGURES: dict[str, tuple[set[str], set[str]]] = {
 }
 CPU_WINDOW = {"seconds", "processes", "total_cores", "cores_per_1000_agents", "commands_per_s",
               "commands_by_type", "redis_cpu_from"}
-TARGETS = 13
+TARGETS = 14
 
 
 @pytest.fixture(scope="module")
