@@ -14,9 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.store.port import SessionStore
+from tests.redis_server import free_port
 
 T0 = parse_instant("2026-12-01T12:00:00.000Z")
 
@@ -205,3 +208,19 @@ class Processes:
     def check(self, sessions: Path) -> subprocess.CompletedProcess[str]:
         """``dsh-schedule check`` on every session log under ``sessions``."""
         return self.run("check", *sorted(str(p) for p in sessions.glob("*.jsonl")))
+
+
+def refuse_writes(client: redis.Redis, how: str) -> Callable[[], None]:
+    """Make the test's own Redis refuse writes the way ``how`` names (``OOM``,
+    ``NOREPLICAS``, ``READONLY``); returns the undo."""
+    if how == "OOM":
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        return lambda: client.config_set("maxmemory", 0)
+    if how == "NOREPLICAS":
+        client.config_set("min-replicas-to-write", 1)
+        return lambda: client.config_set("min-replicas-to-write", 0)
+    if how == "READONLY":  # a failover made it a replica of a master that is not there
+        client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        return lambda: client.execute_command("REPLICAOF", "NO", "ONE")
+    raise ValueError(how)

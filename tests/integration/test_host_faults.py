@@ -43,28 +43,19 @@ from dsh_schedule.shared.core.events import (
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.worker.due import DueOwner, WakeOutcome
-from tests.redis_server import RedisServer, free_port
-from tests.support import delivered_counts, dispatch_counts, new_session, wait_until
+from tests.redis_server import RedisServer
+from tests.support import (
+    delivered_counts,
+    dispatch_counts,
+    new_session,
+    refuse_writes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.redis
 
 
 # -- the faults --------------------------------------------------------------------------
-
-
-def refuse_writes(client: redis.Redis, how: str) -> Callable[[], None]:
-    """Make the test's own Redis refuse writes the way ``how`` names; returns the undo."""
-    if how == "OOM":
-        client.config_set("maxmemory-policy", "noeviction")
-        client.config_set("maxmemory", 1)
-        return lambda: client.config_set("maxmemory", 0)
-    if how == "NOREPLICAS":
-        client.config_set("min-replicas-to-write", 1)
-        return lambda: client.config_set("min-replicas-to-write", 0)
-    if how == "READONLY":  # a failover made it a replica of a master that is not there
-        client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
-        return lambda: client.execute_command("REPLICAOF", "NO", "ONE")
-    raise ValueError(how)
 
 
 REFUSALS = ["OOM", "NOREPLICAS", "READONLY"]

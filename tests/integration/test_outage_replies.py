@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import redis
 
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
-from tests.redis_server import RedisServer, free_port
-from tests.support import Processes, delivered_counts, dispatch_counts, process_env, wait_until
+from tests.redis_server import RedisServer
+from tests.support import (
+    Processes,
+    delivered_counts,
+    dispatch_counts,
+    process_env,
+    refuse_writes,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -42,19 +47,6 @@ TIMINGS = {
     "MOVER_INTERVAL": "0.1",
     "RECONCILE_INTERVAL": "2",
 }
-
-
-def _refuse(client: redis.Redis, how: str) -> Callable[[], object]:
-    """Make Redis refuse writes as ``how`` names; returns the undo."""
-    if how == "OOM":
-        client.config_set("maxmemory-policy", "noeviction")
-        client.config_set("maxmemory", 1)
-        return lambda: client.config_set("maxmemory", 0)
-    if how == "NOREPLICAS":
-        client.config_set("min-replicas-to-write", 1)
-        return lambda: client.config_set("min-replicas-to-write", 0)
-    client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
-    return lambda: client.execute_command("REPLICAOF", "NO", "ONE")
 
 
 def _now_ms() -> int:
@@ -92,7 +84,7 @@ def test_host_and_scheduler_ride_out_an_error_reply_and_deliver_once_afterwards(
         schedule_id = json.loads(created.stdout)["id"]
 
         # when Redis refuses every write for a while, the reminder falling due meanwhile
-        restore = _refuse(client, how)
+        restore = refuse_writes(client, how)
         try:
             time.sleep(REFUSAL_S)
             died_during_refusal = procs.dead()

@@ -29,6 +29,7 @@ from tests.support import (
     Processes,
     dispatch_records,
     process_env,
+    refuse_writes,
     reminder_texts,
     wait_until,
 )
@@ -172,14 +173,9 @@ def test_a_worker_rides_out_a_redis_that_refuses_writes(
     try:
         procs.spawn("worker", "worker")
         assert wait_until(lambda: _registered(client, "ref"), 20), procs.describe()
-        if refusal == "oom":
-            client.config_set("maxmemory-policy", "noeviction")
-            client.config_set("maxmemory", "1")
-        else:
-            client.config_set("min-replicas-to-write", "1")
+        restore = refuse_writes(client, refusal.upper())
         time.sleep(REFUSAL_S)
-        client.config_set("maxmemory", "0")
-        client.config_set("min-replicas-to-write", "0")
+        restore()
         assert procs.procs["worker"].poll() is None, procs.describe()
         # Only now the rest of the system: the worker is what this test is about.
         procs.spawn("scheduler", "scheduler")
