@@ -5,11 +5,12 @@ sessions directory, configured alike but for the Redis URL and the host group's 
 Each cell delivers its own reminders exactly once, and nothing of one cell reaches the
 other's Redis: a reader of each server's MONITOR feed records every command the server
 runs, and no command on one server names an agent or the queue of the other cell. Then
-one agent moves from cell A to cell B the way docs/scale-out.md#moving-an-agent-to-another-cell
-says — its host crashes with a reminder dispatched and not yet delivered, its lease in A
-runs out, its log moves to B's directory, a host of B opens it — and every reminder of
-that agent is delivered exactly once, the undelivered one by cell B; cell B heard of it
-only from the move on, and cell A ends up holding nothing of it.
+one agent moves from cell A to cell B the way
+docs/scale-out.md#moving-an-agent-to-another-cell says: its host crashes with a reminder
+dispatched and not yet delivered (or, on a slow machine, due and not yet dispatched), its
+lease in A runs out, its log moves to B's directory, and a host of B opens it. Every
+reminder of that agent is delivered exactly once, the undelivered one by cell B; cell B
+heard of it only from the move on, and cell A ends up holding nothing of it.
 """
 
 from __future__ import annotations
