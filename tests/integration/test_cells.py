@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +89,14 @@ class Monitor:
                 return
             *whole, pending = (pending + chunk).split(b"\r\n")
             self.lines.extend(line for line in whole if line != b"+OK")
+
+    def drain(self, client: redis.Redis) -> bool:
+        """Wait until every command the server ran so far has been read: until a marker
+        sent now comes back through the feed."""
+        marker = f"monitor-drain-{uuid.uuid4().hex}"
+        client.echo(marker)
+        return wait_until(lambda: any(marker.encode() in line for line in self.lines[-50:]),
+                          timeout=10)
 
     def close(self) -> None:
         self._stop.set()
@@ -202,7 +211,6 @@ def test_two_cells_deliver_their_own_reminders_and_an_agent_moves_between_them(
 
     # when the roamer's host crashes with its next reminder dispatched (or about to be)
     # and not delivered ...
-    move_started = time.time()
     a.remind(ROAMER, 3, "second for the roamer")
     a.procs.send("host", signal.SIGSTOP)
     assert wait_until(lambda: a.dispatched(ROAMER)["schedule-2"] == 1
@@ -215,6 +223,7 @@ def test_two_cells_deliver_their_own_reminders_and_an_agent_moves_between_them(
     a.store.path(ROAMER).rename(b.store.path(ROAMER))
     b.procs.procs["host"].send_signal(signal.SIGTERM)
     assert b.procs.procs["host"].wait(15) == 0, _describe(b)
+    opened_in_b = time.time()
     b.procs.spawn("host", "host", *OWN["b"], ROAMER)
 
     # then cell B delivers the reminder A had left undelivered, exactly once ...
@@ -234,15 +243,20 @@ def test_two_cells_deliver_their_own_reminders_and_an_agent_moves_between_them(
             assert cell.delivered(session) == cell.dispatched(session) == once, session
     assert a.live() == set(OWN["a"]) and b.live() == {*OWN["b"], ROAMER}
     assert not a.procs.dead() and not b.procs.dead(), _describe(a, b)
+    # (every process stops cleanly, and each feed is read up to the last command)
+    for cell in (a, b):
+        assert set(cell.procs.close().values()) == {0}, _describe(cell)
+        assert cell.monitor.drain(cell.client), f"cell {cell.name}'s MONITOR feed stalled"
 
     # and no command on either Redis named an agent or the queue of the other cell; the
-    # roamer reached B's Redis only once it was moving
+    # roamer reached B's Redis only once a host of B opened it
     for here, there in ((a, b), (b, a)):
         for name in (*OWN[there.name], there.queue):
             assert here.monitor.naming(name) == [], f"cell {here.name}'s Redis saw {name}"
         for name in (*OWN[here.name], here.queue):  # while it saw its own
             assert here.monitor.naming(name), f"cell {here.name}'s Redis never saw {name}"
-    assert b.monitor.naming(ROAMER, before=move_started) == []
+        assert not any(here.holds_anything_of(name) for name in OWN[there.name])
+    assert b.monitor.naming(ROAMER, before=opened_in_b) == []
     assert b.monitor.naming(ROAMER), "cell B's Redis never saw the roamer"
     for cell in (a, b):
         assert cell.procs.check(cell.sessions).returncode == 0
