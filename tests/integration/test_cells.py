@@ -136,9 +136,9 @@ class Cell:
         self.procs.spawn("host", "host", *sessions)
 
     def live(self) -> set[str]:
-        """The agents whose lease this cell's Redis holds and has not seen expire."""
-        seconds, micros = self.client.time()
-        now_ms = seconds * 1000 + micros // 1000
+        """The agents whose lease this cell's Redis holds, unexpired by the wall clock
+        (the clock the hosts grant leases by and the workers check them with)."""
+        now_ms = time.time_ns() // 10**6
         return {member.decode() for member in
                 self.client.zrangebyscore(LIVE, f"({now_ms}", "+inf")}
 
