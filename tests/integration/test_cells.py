@@ -54,6 +54,7 @@ TIMINGS = {
     "RECONCILE_INTERVAL": "1",
 }
 LIVE = b"dsh-schedule:live"  # the default prefix, the same in both cells
+LEASE_QUEUE = b"dsh-schedule:lease-queue"
 DUPLICATE_WATCH_S = 2.0  # a second delivery would show up in this time
 WAIT_S = 30.0
 
@@ -143,11 +144,13 @@ class Cell:
                 self.client.zrangebyscore(LIVE, f"({now_ms}", "+inf")}
 
     def holds_anything_of(self, agent: str) -> bool:
-        """Whether any key name, or any member of the live-agent set, names ``agent``."""
+        """Whether any key name, or a lease of the live-agent set and its queue hash,
+        names ``agent``."""
         needles = _needles(agent)
         named = any(needle in key for key in self.client.scan_iter(count=1000)
                     for needle in needles)
-        return named or self.client.zscore(LIVE, agent) is not None
+        leased = self.client.zscore(LIVE, agent) is not None
+        return named or leased or bool(self.client.hexists(LEASE_QUEUE, agent))
 
     def remind(self, session: str, after_seconds: int, prompt: str) -> dict[str, Any]:
         """``schedule_create`` through ``dsh-schedule call`` on this cell."""
@@ -155,6 +158,7 @@ class Cell:
         result = self.procs.run("call", session, "schedule_create", json.dumps(args))
         assert result.returncode == 0, result.stdout + result.stderr
         answer: dict[str, Any] = json.loads(result.stdout)
+        assert "scheduledAt" in answer, answer
         return answer
 
     def delivered(self, session: str) -> Counter[str]:
