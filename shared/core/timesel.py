@@ -8,8 +8,9 @@ operating system's zone files, the process time zone or the clock.
 
 Checks run in this order, so the first applicable code is the one answered:
 shape and syntax (``invalid_rule``) → zone name (``invalid_time_zone``) or the implicit
-zone (``timezone_confirmation_required``) → daylight-saving gap (``invalid_rule``) →
-representable range (``time_out_of_range``) → strictly future (``not_future``).
+zone (``timezone_confirmation_required``) → representable range (``time_out_of_range``) →
+daylight-saving gap (``invalid_rule``) → strictly future (``not_future``)
+(docs/architecture.md#time).
 """
 
 from __future__ import annotations
