@@ -43,6 +43,11 @@ if TYPE_CHECKING:
     )
     from dsh_schedule.host.reference import ReferenceHost as ReferenceHost
     from dsh_schedule.host.tools import ScheduleTools as ScheduleTools
+    from dsh_schedule.runtime import (
+        EmbeddedRuntime as EmbeddedRuntime,
+        ManualClock as ManualClock,
+        embedded_runtime as embedded_runtime,
+    )
     from dsh_schedule.shared.clock import wall_clock_ms as wall_clock_ms
     from dsh_schedule.shared.coordination.agents import Coordination as Coordination
     from dsh_schedule.shared.coordination.connection import (

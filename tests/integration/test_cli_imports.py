@@ -35,6 +35,8 @@ EXPECTED_API = {
     # the asyncio host API
     "AsyncSchedulePlugin", "AsyncScheduleTools", "AsyncHostBridge", "AsyncAgent",
     "AsyncAgentRegistry", "AsyncAgentHandle", "AsyncAgentEvents", "AsyncToolHandler",
+    # the embedded runtime
+    "EmbeddedRuntime", "ManualClock", "embedded_runtime",
 }
 
 SESSION = [
