@@ -40,7 +40,8 @@ def run_example(script: Path, env: dict[str, str],
     """Run an example in a process group of its own (its worker and scheduler go with it
     when it overruns), keeping its output either way."""
     process = subprocess.Popen(
-        [sys.executable, "-W", "error", str(script), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+        [sys.executable, "-W", "error", str(script), *args], env=env, cwd=ROOT,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
