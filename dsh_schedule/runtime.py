@@ -37,7 +37,7 @@ from rq import Queue
 from rq.timeouts import TimerDeathPenalty
 
 from dsh_schedule import status
-from dsh_schedule.host.aio import AsyncSchedulePlugin
+from dsh_schedule.host.aio import AsyncAgent, AsyncAgentRegistry, AsyncSchedulePlugin
 from dsh_schedule.host.plugin import SchedulePlugin
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.scheduler.process import Reconciler
@@ -137,6 +137,7 @@ class EmbeddedRuntime:
         self._passes = {"scheduler": 0, "worker": 0}
         self._plugins: list[SchedulePlugin] = []
         self._hosts: list[ReferenceHost] = []
+        self._registries: dict[int, AsyncAgentRegistry] = {}  # by id() of their plugin
         self._closed = False
 
     # -- the host side ----------------------------------------------------------------
@@ -171,6 +172,19 @@ class EmbeddedRuntime:
         if not self.store.exists(session_id):
             self.store.create(SessionHeader(id=session_id, createdAt=self.clock(),
                                             timeZone=time_zone))
+
+    async def open_agent(self, plugin: AsyncSchedulePlugin, session_id: str, *,
+                         time_zone: str | None = None) -> AsyncAgent:
+        """The session (created unless it exists) and its root agent, on which ``plugin``
+        installs Schedule (the agent holds a lease from then on). The agent comes from an
+        ``AsyncAgentRegistry`` this loads into ``plugin`` on first use; a host with an agent
+        source of its own loads that instead and creates its agents there."""
+        registry = self._registries.get(id(plugin))
+        if registry is None:
+            registry = self._registries[id(plugin)] = AsyncAgentRegistry()
+            plugin.load(registry)
+        self.create_session(session_id, time_zone=time_zone)
+        return await registry.create(session_id)
 
     # -- time -------------------------------------------------------------------------
 
