@@ -137,7 +137,8 @@ class EmbeddedRuntime:
         self._passes = {"scheduler": 0, "worker": 0}
         self._plugins: list[SchedulePlugin] = []
         self._hosts: list[ReferenceHost] = []
-        self._registries: dict[int, AsyncAgentRegistry] = {}  # by id() of their plugin
+        # open_agent's registries, by id() of the plugin they are loaded into (kept alive).
+        self._registries: dict[int, tuple[AsyncSchedulePlugin, AsyncAgentRegistry]] = {}
         self._closed = False
 
     # -- the host side ----------------------------------------------------------------
@@ -179,10 +180,11 @@ class EmbeddedRuntime:
         installs Schedule (the agent holds a lease from then on). The agent comes from an
         ``AsyncAgentRegistry`` this loads into ``plugin`` on first use; a host with an agent
         source of its own loads that instead and creates its agents there."""
-        registry = self._registries.get(id(plugin))
-        if registry is None:
-            registry = self._registries[id(plugin)] = AsyncAgentRegistry()
-            plugin.load(registry)
+        found = self._registries.get(id(plugin))
+        if found is None:
+            found = self._registries[id(plugin)] = (plugin, AsyncAgentRegistry())
+            plugin.load(found[1])
+        registry = found[1]
         self.create_session(session_id, time_zone=time_zone)
         return await registry.create(session_id)
 
