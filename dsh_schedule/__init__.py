@@ -5,144 +5,99 @@ The public host API, importable from here::
     from dsh_schedule import JsonlStore, SchedulePlugin, Settings, connect, openai_tools
 
 Each name is loaded on first use, so ``import dsh_schedule`` alone loads neither Redis
-nor rq.
+nor rq. The type checkers' imports below are the one list of the public names: where each
+lives and ``__all__`` are read from them.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    # Each name re-exported as itself, several to a statement (ruff's isort would split them).
+    # isort: off
     from dsh_schedule.host.aio import (
-        AsyncAgent,
-        AsyncAgentEvents,
-        AsyncAgentHandle,
-        AsyncAgentRegistry,
-        AsyncSchedulePlugin,
-        AsyncToolHandler,
+        AsyncAgent as AsyncAgent,
+        AsyncAgentEvents as AsyncAgentEvents,
+        AsyncAgentHandle as AsyncAgentHandle,
+        AsyncAgentRegistry as AsyncAgentRegistry,
+        AsyncSchedulePlugin as AsyncSchedulePlugin,
+        AsyncToolHandler as AsyncToolHandler,
     )
-    from dsh_schedule.host.aiobridge import AsyncHostBridge, AsyncScheduleTools
-    from dsh_schedule.host.bridge import HostBridge
-    from dsh_schedule.host.gate import Delivery
+    from dsh_schedule.host.aiobridge import (
+        AsyncHostBridge as AsyncHostBridge,
+        AsyncScheduleTools as AsyncScheduleTools,
+    )
+    from dsh_schedule.host.bridge import HostBridge as HostBridge
+    from dsh_schedule.host.gate import Delivery as Delivery
     from dsh_schedule.host.plugin import (
-        AgentEvents,
-        AgentHandle,
-        CompositionError,
-        SchedulePlugin,
-        ToolHandler,
+        AgentEvents as AgentEvents,
+        AgentHandle as AgentHandle,
+        CompositionError as CompositionError,
+        SchedulePlugin as SchedulePlugin,
+        ToolHandler as ToolHandler,
     )
-    from dsh_schedule.host.reference import ReferenceHost
-    from dsh_schedule.host.tools import ScheduleTools
-    from dsh_schedule.shared.clock import wall_clock_ms
-    from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.host.reference import ReferenceHost as ReferenceHost
+    from dsh_schedule.host.tools import ScheduleTools as ScheduleTools
+    from dsh_schedule.runtime import (
+        EmbeddedRuntime as EmbeddedRuntime,
+        ManualClock as ManualClock,
+        embedded_runtime as embedded_runtime,
+    )
+    from dsh_schedule.shared.clock import wall_clock_ms as wall_clock_ms
+    from dsh_schedule.shared.coordination.agents import Coordination as Coordination
     from dsh_schedule.shared.coordination.connection import (
-        RedisUrlMissing,
-        connect,
-        connect_embedded,
+        RedisUrlMissing as RedisUrlMissing,
+        connect as connect,
+        connect_embedded as connect_embedded,
     )
     from dsh_schedule.shared.core.catalog import (
-        ToolDefinition,
-        anthropic_tools,
-        catalog_json,
-        openai_tools,
-        tool_definitions,
+        ToolDefinition as ToolDefinition,
+        anthropic_tools as anthropic_tools,
+        catalog_json as catalog_json,
+        openai_tools as openai_tools,
+        tool_definitions as tool_definitions,
     )
-    from dsh_schedule.shared.core.events import NewEvent, SessionHeader
-    from dsh_schedule.shared.core.views import ToolResult
-    from dsh_schedule.shared.settings import Settings
-    from dsh_schedule.shared.store.jsonl import JsonlStore
-    from dsh_schedule.shared.store.memory import MemoryStore
-    from dsh_schedule.shared.store.port import SessionStore
+    from dsh_schedule.shared.core.events import (
+        NewEvent as NewEvent,
+        SessionHeader as SessionHeader,
+    )
+    from dsh_schedule.shared.core.views import ToolResult as ToolResult
+    from dsh_schedule.shared.settings import Settings as Settings
+    from dsh_schedule.shared.store.jsonl import JsonlStore as JsonlStore
+    from dsh_schedule.shared.store.memory import MemoryStore as MemoryStore
+    from dsh_schedule.shared.store.port import SessionStore as SessionStore
+    # isort: on
 
     __version__: str
 
 DISTRIBUTION: Final = "dsh-tool-schedule"
 
-# Where each public name lives; the imports above say the same for type checkers.
-_HOMES: Final[dict[str, str]] = {
-    "SchedulePlugin": "dsh_schedule.host.plugin",
-    "CompositionError": "dsh_schedule.host.plugin",
-    "AgentHandle": "dsh_schedule.host.plugin",
-    "AgentEvents": "dsh_schedule.host.plugin",
-    "ToolHandler": "dsh_schedule.host.plugin",
-    "ScheduleTools": "dsh_schedule.host.tools",
-    "HostBridge": "dsh_schedule.host.bridge",
-    "Delivery": "dsh_schedule.host.gate",
-    "ReferenceHost": "dsh_schedule.host.reference",
-    "JsonlStore": "dsh_schedule.shared.store.jsonl",
-    "MemoryStore": "dsh_schedule.shared.store.memory",
-    "SessionStore": "dsh_schedule.shared.store.port",
-    "SessionHeader": "dsh_schedule.shared.core.events",
-    "NewEvent": "dsh_schedule.shared.core.events",
-    "Coordination": "dsh_schedule.shared.coordination.agents",
-    "connect": "dsh_schedule.shared.coordination.connection",
-    "connect_embedded": "dsh_schedule.shared.coordination.connection",
-    "RedisUrlMissing": "dsh_schedule.shared.coordination.connection",
-    "Settings": "dsh_schedule.shared.settings",
-    "ToolDefinition": "dsh_schedule.shared.core.catalog",
-    "tool_definitions": "dsh_schedule.shared.core.catalog",
-    "catalog_json": "dsh_schedule.shared.core.catalog",
-    "openai_tools": "dsh_schedule.shared.core.catalog",
-    "anthropic_tools": "dsh_schedule.shared.core.catalog",
-    "ToolResult": "dsh_schedule.shared.core.views",
-    "wall_clock_ms": "dsh_schedule.shared.clock",
-    # The asyncio host API (docs/integrations/README.md), importable from here as well.
-    "AsyncSchedulePlugin": "dsh_schedule.host.aio",
-    "AsyncScheduleTools": "dsh_schedule.host.aiobridge",
-    "AsyncHostBridge": "dsh_schedule.host.aiobridge",
-    "AsyncAgent": "dsh_schedule.host.aio",
-    "AsyncAgentRegistry": "dsh_schedule.host.aio",
-    "AsyncAgentHandle": "dsh_schedule.host.aio",
-    "AsyncAgentEvents": "dsh_schedule.host.aio",
-    "AsyncToolHandler": "dsh_schedule.host.aio",
-}
 
-__all__ = [
-    "AgentEvents",
-    "AgentHandle",
-    "AsyncAgent",
-    "AsyncAgentEvents",
-    "AsyncAgentHandle",
-    "AsyncAgentRegistry",
-    "AsyncHostBridge",
-    "AsyncSchedulePlugin",
-    "AsyncScheduleTools",
-    "AsyncToolHandler",
-    "CompositionError",
-    "Coordination",
-    "Delivery",
-    "HostBridge",
-    "JsonlStore",
-    "MemoryStore",
-    "NewEvent",
-    "RedisUrlMissing",
-    "ReferenceHost",
-    "SchedulePlugin",
-    "ScheduleTools",
-    "SessionHeader",
-    "SessionStore",
-    "Settings",
-    "ToolDefinition",
-    "ToolHandler",
-    "ToolResult",
-    "__version__",
-    "anthropic_tools",
-    "catalog_json",
-    "connect",
-    "connect_embedded",
-    "openai_tools",
-    "tool_definitions",
-    "wall_clock_ms",
-]
+@functools.cache
+def _homes() -> dict[str, str]:
+    """Each public name and the module it lives in, read from the ``TYPE_CHECKING``
+    imports of this file."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    guard = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    return {alias.name: str(node.module) for node in guard.body
+            if isinstance(node, ast.ImportFrom) for alias in node.names}
 
 
 def __getattr__(name: str) -> object:
-    """Load a public name from its home module on first use (PEP 562)."""
-    if name == "__version__":
-        value: object = _version()
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
+    """Load a public name from its home module on first use (PEP 562); ``__all__`` is
+    every public name."""
+    if name == "__all__":
+        value: object = sorted([*_homes(), "__version__"])
+    elif name == "__version__":
+        value = _version()
+    elif name in _homes():
+        value = getattr(importlib.import_module(_homes()[name]), name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
@@ -150,7 +105,7 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *_homes(), "__version__"})
 
 
 def _version() -> str:

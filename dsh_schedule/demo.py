@@ -38,7 +38,7 @@ from dsh_schedule.shared.core.instant import format_instant, parse_instant, to_d
 from dsh_schedule.shared.core.presentation import receipt_value, reminder_presentation
 from dsh_schedule.shared.core.timesel import load_zone
 from dsh_schedule.shared.core.views import render
-from dsh_schedule.shared.settings import Settings, calendar_from_env
+from dsh_schedule.shared.settings import LogSettings, Settings, calendar_from_env
 from dsh_schedule.shared.store.jsonl import JsonlStore
 
 SESSION = "demo-session"
@@ -58,19 +58,38 @@ class DemoClock:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sessions", type=Path, help="session directory (default: a temp dir)")
-    parser.add_argument("--redis", help="real Redis URL: run real worker/scheduler processes")
-
+    parser.add_argument("--sessions", type=Path, metavar="DIR",
+                        help="session directory (default: a temporary one, removed after)")
+    parser.add_argument("--redis", metavar="URL",
+                        help="a real Redis: run real worker and scheduler processes "
+                        "(default: the embedded Redis, in this process)")
 
 
 class Timeline:
-    def __init__(self) -> None:
+    """What the demo shows, as it happens: text lines, or with ``json_lines`` one JSON
+    object a line (``time``, ``elapsed_s`` and ``message``, or ``block`` for a message
+    shown verbatim), so that a ``--log-format json`` stream carries only JSON."""
+
+    def __init__(self, *, json_lines: bool = False) -> None:
         self.start = time.monotonic()
+        self.json_lines = json_lines
+
+    def _emit(self, key: str, text: str) -> None:
+        elapsed = time.monotonic() - self.start
+        print(json.dumps({"time": format_instant(wall_clock_ms()),
+                          "elapsed_s": round(elapsed, 1), key: text}, ensure_ascii=False),
+              flush=True)
 
     def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.start:5.1f}s] {text}", flush=True)
+        if self.json_lines:
+            self._emit("message", text)
+        else:
+            print(f"[{time.monotonic() - self.start:5.1f}s] {text}", flush=True)
 
     def block(self, text: str) -> None:
+        if self.json_lines:
+            self._emit("block", text)
+            return
         for line in text.splitlines():
             print(f"         | {line}", flush=True)
 
@@ -282,7 +301,8 @@ class Demo:
 def run(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger().setLevel(logging.WARNING)
-    timeline = Timeline()
+    log_format = LogSettings.from_env(format=getattr(args, "log_format", None)).format
+    timeline = Timeline(json_lines=log_format == "json")
     with tempfile.TemporaryDirectory(prefix="dsh-demo-") as tmp:
         sessions = args.sessions or Path(tmp) / "sessions"
         demo = Demo(sessions, args.redis, timeline)

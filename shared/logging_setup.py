@@ -70,10 +70,6 @@ def add_log_context(**fields: str | None) -> None:
     _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
 
 
-def current_log_context() -> Mapping[str, str]:
-    return _context.get()
-
-
 class JsonFormatter(logging.Formatter):
     """One compact JSON object per line: ``time`` (UTC, to the millisecond), ``level``,
     ``logger``, ``message``, then ``agent``, ``schedule_id`` and ``wake_id`` where known,

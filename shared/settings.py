@@ -65,31 +65,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Defaults, then ``DSH_SCHEDULE_*`` variables, then explicit non-None overrides."""
+        """Defaults, then the ``DSH_SCHEDULE_*`` variables (one per field,
+        ``environment_name``), then explicit non-None overrides."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
-        names = {
-            "DSH_SCHEDULE_REDIS_URL": "redis_url",
-            "DSH_SCHEDULE_SESSIONS": "sessions",
-            "DSH_SCHEDULE_PREFIX": "prefix",
-            "DSH_SCHEDULE_QUEUE": "queue",
-            "DSH_SCHEDULE_LOCK_TTL": "lock_ttl_s",
-            "DSH_SCHEDULE_MAINTENANCE_TTL": "maintenance_ttl_s",
-            "DSH_SCHEDULE_TURN_TTL": "turn_ttl_s",
-            "DSH_SCHEDULE_LEASE_TTL": "lease_ttl_s",
-            "DSH_SCHEDULE_LEASE_RENEW": "lease_renew_s",
-            "DSH_SCHEDULE_MOVER_INTERVAL": "mover_interval_s",
-            "DSH_SCHEDULE_RECONCILE_INTERVAL": "reconcile_interval_s",
-            "DSH_SCHEDULE_CACHE_MB": "cache_mb",
-            "DSH_SCHEDULE_SYNCFS": "syncfs",
-            "DSH_SCHEDULE_SWEEP_PERIOD": "sweep_period_s",
-            "DSH_SCHEDULE_FOLLOWUP_STALE": "followup_stale_s",
-            "DSH_SCHEDULE_METRICS_PORT": "metrics_port",
-            "DSH_SCHEDULE_METRICS_ADDR": "metrics_addr",
-            "DSH_SCHEDULE_MAX_PROMPT_BYTES": "max_prompt_bytes",
-            "DSH_SCHEDULE_CALENDAR": "calendar",
-        }
-        for var, field in names.items():
+        for field, var in environment_names().items():
             if env.get(var):
                 values[field] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -100,6 +80,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             return cls(**typed)
         except (TypeError, ValueError) as exc:
             raise SettingsError(str(exc)) from None
+
+
+ENV_PREFIX: Final = "DSH_SCHEDULE_"
+
+
+def environment_name(field: str) -> str:
+    """The variable a ``Settings`` field is read from: ``DSH_SCHEDULE_`` and the field's
+    name in capitals, without its ``_s`` unit (``lease_ttl_s``: ``DSH_SCHEDULE_LEASE_TTL``)."""
+    return ENV_PREFIX + field.removesuffix("_s").upper()
+
+
+def environment_names() -> dict[str, str]:
+    """Every ``Settings`` field and the variable it is read from, in field order."""
+    return {field.name: environment_name(field.name)
+            for field in msgspec.structs.fields(Settings)}
 
 
 def calendar_from_env(env: Mapping[str, str] | None = None) -> bool:

@@ -1,12 +1,14 @@
 """Schedule in a LangGraph agent, end to end (docs/integrations/README.md).
 
-A person asks a LangGraph agent to remind them in 2 seconds; its model calls
-``schedule_create``. A ``dsh-schedule worker`` and ``scheduler`` run beside this host, and
-when the reminder is due it is delivered into the session and answered by the model in a
-new run on the same thread. The model is scripted (a LangChain chat model that reads the
-conversation), so this runs offline: ``pip install 'dsh-tool-schedule[langgraph]'``, then
+A person asks a LangGraph agent (``langchain.agents.create_agent``) to remind them in 2
+seconds; its model calls ``schedule_create``. When the reminder is due it is delivered into
+the session and answered by the model in a new run on the same thread. By default a worker
+and a scheduler run in this process (the embedded runtime); with ``--redis URL`` the host
+runs on that Redis and starts ``dsh-schedule worker`` and ``scheduler`` beside itself, as a
+deployment does. The model is scripted (a LangChain chat model that reads the
+conversation), so this runs offline: ``pip install '.[langgraph]'``, then
 
-    DSH_SCHEDULE_REDIS_URL=redis://127.0.0.1:6379/0 python docs/integrations/langgraph_example.py
+    python docs/integrations/langgraph_example.py [--redis redis://127.0.0.1:6379/0] [--verbose]
 
 ``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one).
 """
@@ -15,6 +17,7 @@ conversation), so this runs offline: ``pip install 'dsh-tool-schedule[langgraph]
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -25,16 +28,24 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 
-from dsh_schedule import Coordination, JsonlStore, SessionHeader, Settings, connect, wall_clock_ms
-from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin
+from dsh_schedule import (
+    AsyncAgentRegistry,
+    AsyncSchedulePlugin,
+    Coordination,
+    JsonlStore,
+    SessionHeader,
+    Settings,
+    connect,
+    embedded_runtime,
+    wall_clock_ms,
+)
 from dsh_schedule.integrations.langgraph import run_user_turn, schedule_tools, serve_followups
 from dsh_schedule.integrations.session import time_context_reading
 
@@ -73,54 +84,21 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
-def build_graph(tools: list[Any], model: BaseChatModel) -> Any:
-    bound = model.bind_tools(tools)
-
-    async def call_model(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        return {"messages": [await bound.ainvoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("model", call_model)
-    builder.add_node("tools", ToolNode(tools))
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", tools_condition)
-    builder.add_edge("tools", "model")
-    return builder.compile(checkpointer=InMemorySaver())  # keeps each thread's history
-
-
-def start_beside(settings: Settings) -> list[subprocess.Popen[bytes]]:
-    """A worker and a scheduler on this host's Redis, sessions and queue."""
-    env = dict(os.environ, DSH_SCHEDULE_SESSIONS=str(settings.sessions),
-               DSH_SCHEDULE_PREFIX=settings.prefix, DSH_SCHEDULE_QUEUE=settings.queue)
-    return [subprocess.Popen([sys.executable, "-m", "dsh_schedule", command], env=env)
-            for command in ("worker", "scheduler")]
-
-
-async def main() -> int:
-    sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
-    tag = uuid.uuid4().hex[:8]
-    settings = Settings.from_env(sessions=sessions, prefix=f"lg-{tag}:", queue=f"lg-{tag}")
-    if not settings.redis_url:
-        sys.exit("set DSH_SCHEDULE_REDIS_URL")
-    store = JsonlStore(settings.sessions)
-    plugin = AsyncSchedulePlugin(store=store, settings=settings,
-                                 coordination=Coordination(connect(settings.redis_url), settings))
+async def converse(plugin: AsyncSchedulePlugin) -> int:
+    """The person's turn, then the reminder's: the part a LangGraph host writes."""
     agents = AsyncAgentRegistry()
     plugin.load(agents)
-    store.create(SessionHeader(id=THREAD, createdAt=wall_clock_ms(), timeZone=ZONE))
+    plugin.store.create(SessionHeader(id=THREAD, createdAt=wall_clock_ms(), timeZone=ZONE))
     await agents.create(THREAD)  # Schedule installs on the root agent: it holds a lease
-
     model = ScriptedChatModel()
-    graph = build_graph(schedule_tools(plugin, THREAD), model)
-    print("tools:", [tool["function"]["name"] for tool in model.bound])
-
-    processes = start_beside(settings)
+    graph = create_agent(model, schedule_tools(plugin, THREAD), checkpointer=InMemorySaver())
     try:
         output = await run_user_turn(
             graph, plugin, THREAD, "Remind me in 2 seconds to stretch.",
             rpc_id="rpc-1", client_time_zone=ZONE,
             time_context=time_context_reading(wall_clock_ms(), ZONE),
         )
+        print("tools the model was given:", [tool["function"]["name"] for tool in model.bound])
         print("tool result:", next(m.content for m in output["messages"]
                                    if isinstance(m, ToolMessage)))
         print("answer:", output["messages"][-1].content)
@@ -141,11 +119,51 @@ async def main() -> int:
         return 0
     finally:
         await plugin.dispose()
+
+
+# -- where it runs: the embedded runtime, or a Redis with a worker and a scheduler ---------
+
+
+async def main(args: argparse.Namespace) -> int:
+    sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
+    if args.redis is None:
+        rq_level = "INFO" if args.verbose else "WARNING"  # rq's line per job, when asked
+        with embedded_runtime(sessions, rq_log_level=rq_level) as runtime:
+            return await converse(runtime.async_plugin())
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings.from_env(redis_url=args.redis, sessions=sessions,
+                                 prefix=f"lg-{tag}:", queue=f"lg-{tag}")
+    plugin = AsyncSchedulePlugin(store=JsonlStore(settings.sessions), settings=settings,
+                                 coordination=Coordination(connect(settings.redis_url), settings))
+    processes = start_beside(settings, verbose=args.verbose)
+    try:
+        return await converse(plugin)
+    finally:
         for process in processes:
             process.terminate()
         for process in processes:
             process.wait(30)
 
 
+def start_beside(settings: Settings, *, verbose: bool) -> list[subprocess.Popen[bytes]]:
+    """A worker and a scheduler on this host's Redis, sessions and queue."""
+    env = dict(os.environ, DSH_SCHEDULE_REDIS_URL=str(settings.redis_url),
+               DSH_SCHEDULE_SESSIONS=str(settings.sessions), DSH_SCHEDULE_PREFIX=settings.prefix,
+               DSH_SCHEDULE_QUEUE=settings.queue,
+               DSH_SCHEDULE_LOG_LEVEL="INFO" if verbose else "WARNING")
+    return [subprocess.Popen([sys.executable, "-m", "dsh_schedule", command], env=env)
+            for command in ("worker", "scheduler")]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--redis", metavar="URL",
+                        help="run on this Redis, with a worker and a scheduler started beside "
+                             "this host (default: the embedded runtime, in this process)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show rq's line per job and the processes' INFO lines")
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(asyncio.run(main(parse_args())))

@@ -4,14 +4,16 @@ The three tools are ``FunctionTool``s with the catalog's JSON schemas and **stri
 off**: the SDK's strict mode would mark every property required, and ``schedule_create``
 takes exactly one of ``after_seconds``, ``at`` and ``every_seconds``. The agent id comes
 from the run context; run hooks record the steps, the model's messages and the tool
-calls in the session log. A person asks for a reminder in 2 seconds; a worker and a
-scheduler run beside this host; the reminder, once delivered into the session, is a new
-run whose input is the conversation so far plus the reminder as a user message.
+calls in the session log. A person asks for a reminder in 2 seconds; the reminder, once
+delivered into the session, is a new run whose input is the conversation so far plus the
+reminder as a user message. By default a worker and a scheduler run in this process (the
+embedded runtime); with ``--redis URL`` the host runs on that Redis and starts
+``dsh-schedule worker`` and ``scheduler`` beside itself, as a deployment does.
 
 The model is scripted through the SDK's own ``Model`` interface, and tracing is off, so
-this runs offline: ``pip install 'dsh-tool-schedule[recipes]'``, then
+this runs offline: ``pip install '.[recipes]'`` (README.md#install), then
 
-    DSH_SCHEDULE_REDIS_URL=redis://127.0.0.1:6379/0 python docs/integrations/openai_agents_recipe.py
+    python docs/integrations/openai_agents_recipe.py [--redis redis://127.0.0.1:6379/0] [--verbose]
 
 ``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one).
 """
@@ -20,6 +22,7 @@ this runs offline: ``pip install 'dsh-tool-schedule[recipes]'``, then
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -50,8 +53,17 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from dsh_schedule import Coordination, JsonlStore, SessionHeader, Settings, connect, wall_clock_ms
-from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin
+from dsh_schedule import (
+    AsyncAgentRegistry,
+    AsyncSchedulePlugin,
+    Coordination,
+    JsonlStore,
+    SessionHeader,
+    Settings,
+    connect,
+    embedded_runtime,
+    wall_clock_ms,
+)
 from dsh_schedule.integrations.session import SessionRecorder, TurnLog, time_context_reading
 from dsh_schedule.shared.core.catalog import tool_definitions
 
@@ -155,28 +167,13 @@ def reply(text: str) -> ModelResponse:
     return ModelResponse(output=[message], usage=Usage(), response_id=None)
 
 
-def start_beside(settings: Settings) -> list[subprocess.Popen[bytes]]:
-    """A worker and a scheduler on this host's Redis, sessions and queue."""
-    env = dict(os.environ, DSH_SCHEDULE_SESSIONS=str(settings.sessions),
-               DSH_SCHEDULE_PREFIX=settings.prefix, DSH_SCHEDULE_QUEUE=settings.queue)
-    return [subprocess.Popen([sys.executable, "-m", "dsh_schedule", command], env=env)
-            for command in ("worker", "scheduler")]
-
-
-async def main() -> int:
-    sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
-    tag = uuid.uuid4().hex[:8]
-    settings = Settings.from_env(sessions=sessions, prefix=f"oa-{tag}:", queue=f"oa-{tag}")
-    if not settings.redis_url:
-        sys.exit("set DSH_SCHEDULE_REDIS_URL")
-    store = JsonlStore(settings.sessions)
-    plugin = AsyncSchedulePlugin(store=store, settings=settings,
-                                 coordination=Coordination(connect(settings.redis_url), settings))
+async def converse(plugin: AsyncSchedulePlugin) -> int:
+    """The person's turn, then the reminder's: the part a host writes."""
     agents = AsyncAgentRegistry()
     plugin.load(agents)
-    store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(), timeZone=ZONE))
+    plugin.store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(), timeZone=ZONE))
     await agents.create(SESSION)  # Schedule installs on the root agent: it holds a lease
-    recorder = SessionRecorder(store)
+    recorder = SessionRecorder(plugin.store)
 
     model = ScriptedModel()
     agent = Agent[HostContext](name="assistant", instructions="You keep reminders.",
@@ -189,7 +186,6 @@ async def main() -> int:
         conversation[:] = result.to_input_list()
         return str(result.final_output)
 
-    processes = start_beside(settings)
     try:
         async with plugin.bridge.turn(SESSION):
             text = "Remind me in 2 seconds to stretch."
@@ -223,11 +219,51 @@ async def main() -> int:
         return 0
     finally:
         await plugin.dispose()
+
+
+# -- where it runs: the embedded runtime, or a Redis with a worker and a scheduler ---------
+
+
+async def main(args: argparse.Namespace) -> int:
+    sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
+    if args.redis is None:
+        rq_level = "INFO" if args.verbose else "WARNING"  # rq's line per job, when asked
+        with embedded_runtime(sessions, rq_log_level=rq_level) as runtime:
+            return await converse(runtime.async_plugin())
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings.from_env(redis_url=args.redis, sessions=sessions,
+                                 prefix=f"oa-{tag}:", queue=f"oa-{tag}")
+    plugin = AsyncSchedulePlugin(store=JsonlStore(settings.sessions), settings=settings,
+                                 coordination=Coordination(connect(settings.redis_url), settings))
+    processes = start_beside(settings, verbose=args.verbose)
+    try:
+        return await converse(plugin)
+    finally:
         for process in processes:
             process.terminate()
         for process in processes:
             process.wait(30)
 
 
+def start_beside(settings: Settings, *, verbose: bool) -> list[subprocess.Popen[bytes]]:
+    """A worker and a scheduler on this host's Redis, sessions and queue."""
+    env = dict(os.environ, DSH_SCHEDULE_REDIS_URL=str(settings.redis_url),
+               DSH_SCHEDULE_SESSIONS=str(settings.sessions), DSH_SCHEDULE_PREFIX=settings.prefix,
+               DSH_SCHEDULE_QUEUE=settings.queue,
+               DSH_SCHEDULE_LOG_LEVEL="INFO" if verbose else "WARNING")
+    return [subprocess.Popen([sys.executable, "-m", "dsh_schedule", command], env=env)
+            for command in ("worker", "scheduler")]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--redis", metavar="URL",
+                        help="run on this Redis, with a worker and a scheduler started beside "
+                             "this host (default: the embedded runtime, in this process)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show rq's line per job and the processes' INFO lines")
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(asyncio.run(main(parse_args())))

@@ -1,13 +1,14 @@
 """Schedule in a Pydantic AI agent, end to end (docs/integrations/README.md).
 
 A person asks a Pydantic AI agent to remind them in 2 seconds; its model calls
-``schedule_create``. A ``dsh-schedule worker`` and ``scheduler`` run beside this host, and
-when the reminder is due it is delivered into the session and answered by the model in a
-new run that carries the thread's message history. The model is Pydantic AI's own
-``FunctionModel`` with a scripted function, so this runs offline:
-``pip install 'dsh-tool-schedule[pydantic-ai]'``, then
+``schedule_create``. When the reminder is due it is delivered into the session and answered
+by the model in a new run that carries the thread's message history. By default a worker
+and a scheduler run in this process (the embedded runtime); with ``--redis URL`` the host
+runs on that Redis and starts ``dsh-schedule worker`` and ``scheduler`` beside itself, as a
+deployment does. The model is Pydantic AI's own ``FunctionModel`` with a scripted function,
+so this runs offline: ``pip install '.[pydantic-ai]'`` (README.md#install), then
 
-    DSH_SCHEDULE_REDIS_URL=redis://127.0.0.1:6379/0 python docs/integrations/pydantic_ai_example.py
+    python docs/integrations/pydantic_ai_example.py [--redis redis://127.0.0.1:6379/0] [--verbose]
 
 ``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one).
 """
@@ -16,6 +17,7 @@ new run that carries the thread's message history. The model is Pydantic AI's ow
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -38,8 +40,17 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from dsh_schedule import Coordination, JsonlStore, SessionHeader, Settings, connect, wall_clock_ms
-from dsh_schedule.host.aio import AsyncAgentRegistry, AsyncSchedulePlugin
+from dsh_schedule import (
+    AsyncAgentRegistry,
+    AsyncSchedulePlugin,
+    Coordination,
+    JsonlStore,
+    SessionHeader,
+    Settings,
+    connect,
+    embedded_runtime,
+    wall_clock_ms,
+)
 from dsh_schedule.integrations.pydantic_ai import (
     InMemoryHistory,
     ScheduleDeps,
@@ -69,26 +80,11 @@ def scripted_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
                                              {"prompt": "stretch", "after_seconds": 2})])
 
 
-def start_beside(settings: Settings) -> list[subprocess.Popen[bytes]]:
-    """A worker and a scheduler on this host's Redis, sessions and queue."""
-    env = dict(os.environ, DSH_SCHEDULE_SESSIONS=str(settings.sessions),
-               DSH_SCHEDULE_PREFIX=settings.prefix, DSH_SCHEDULE_QUEUE=settings.queue)
-    return [subprocess.Popen([sys.executable, "-m", "dsh_schedule", command], env=env)
-            for command in ("worker", "scheduler")]
-
-
-async def main() -> int:
-    sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
-    tag = uuid.uuid4().hex[:8]
-    settings = Settings.from_env(sessions=sessions, prefix=f"pai-{tag}:", queue=f"pai-{tag}")
-    if not settings.redis_url:
-        sys.exit("set DSH_SCHEDULE_REDIS_URL")
-    store = JsonlStore(settings.sessions)
-    plugin = AsyncSchedulePlugin(store=store, settings=settings,
-                                 coordination=Coordination(connect(settings.redis_url), settings))
+async def converse(plugin: AsyncSchedulePlugin) -> int:
+    """The person's turn, then the reminder's: the part a host writes."""
     agents = AsyncAgentRegistry()
     plugin.load(agents)
-    store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(), timeZone=ZONE))
+    plugin.store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(), timeZone=ZONE))
     await agents.create(SESSION)  # Schedule installs on the root agent: it holds a lease
 
     tools = schedule_tools(plugin)  # sequential, agent id from the run's dependencies
@@ -96,7 +92,6 @@ async def main() -> int:
     history = InMemoryHistory()  # each thread's messages, carried from run to run
     print("tools:", [tool.name for tool in tools])
 
-    processes = start_beside(settings)
     try:
         result = await run_user_turn(
             agent, plugin, ScheduleDeps(SESSION), "Remind me in 2 seconds to stretch.",
@@ -125,11 +120,51 @@ async def main() -> int:
         return 0
     finally:
         await plugin.dispose()
+
+
+# -- where it runs: the embedded runtime, or a Redis with a worker and a scheduler ---------
+
+
+async def main(args: argparse.Namespace) -> int:
+    sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
+    if args.redis is None:
+        rq_level = "INFO" if args.verbose else "WARNING"  # rq's line per job, when asked
+        with embedded_runtime(sessions, rq_log_level=rq_level) as runtime:
+            return await converse(runtime.async_plugin())
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings.from_env(redis_url=args.redis, sessions=sessions,
+                                 prefix=f"pai-{tag}:", queue=f"pai-{tag}")
+    plugin = AsyncSchedulePlugin(store=JsonlStore(settings.sessions), settings=settings,
+                                 coordination=Coordination(connect(settings.redis_url), settings))
+    processes = start_beside(settings, verbose=args.verbose)
+    try:
+        return await converse(plugin)
+    finally:
         for process in processes:
             process.terminate()
         for process in processes:
             process.wait(30)
 
 
+def start_beside(settings: Settings, *, verbose: bool) -> list[subprocess.Popen[bytes]]:
+    """A worker and a scheduler on this host's Redis, sessions and queue."""
+    env = dict(os.environ, DSH_SCHEDULE_REDIS_URL=str(settings.redis_url),
+               DSH_SCHEDULE_SESSIONS=str(settings.sessions), DSH_SCHEDULE_PREFIX=settings.prefix,
+               DSH_SCHEDULE_QUEUE=settings.queue,
+               DSH_SCHEDULE_LOG_LEVEL="INFO" if verbose else "WARNING")
+    return [subprocess.Popen([sys.executable, "-m", "dsh_schedule", command], env=env)
+            for command in ("worker", "scheduler")]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--redis", metavar="URL",
+                        help="run on this Redis, with a worker and a scheduler started beside "
+                             "this host (default: the embedded runtime, in this process)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show rq's line per job and the processes' INFO lines")
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(asyncio.run(main(parse_args())))

@@ -64,7 +64,7 @@ def cmd_web(args: argparse.Namespace) -> int:
             raise
         raise CommandError(
             f"web: needs the web extra ({exc.name} is missing): "
-            "pip install 'dsh-tool-schedule[web]'"
+            "pip install '.[web]' from a checkout (README.md#install)"
         ) from None
     try:
         server = WebServer(Console(settings), host=args.bind, port=args.port,

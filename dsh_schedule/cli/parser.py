@@ -67,9 +67,25 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+# Each subcommand's --help lists its own options first, under "options", and the options
+# many subcommands share once each, in these titled groups after them.
+LOGGING_GROUP: Final = "logging (shared by the commands)"
+CONNECTION_GROUP: Final = "sessions and Redis (shared by the commands)"
+
+
+def _group(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """The parser's argument group titled ``title``, made on first use."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
 def _verbose(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
     # After a subcommand the flag is accepted too, without resetting one given before it.
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging",
+    target = parser if top else _group(parser, LOGGING_GROUP)
+    target.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging (same as --log-level DEBUG)",
                         default=False if top else argparse.SUPPRESS)
 
 
@@ -86,15 +102,16 @@ def _level_arg(text: str) -> str:
 def _logging_flags(parser: argparse.ArgumentParser) -> None:
     """``--log-format``, ``--log-level`` and ``--rq-log-level`` (over the
     ``DSH_SCHEDULE_LOG_*`` variables; docs/architecture.md#operations)."""
-    parser.add_argument("--log-format", choices=["text", "json"],
-                        help="log lines as text or as one JSON object each "
-                        "(default: DSH_SCHEDULE_LOG_FORMAT, else text)")
-    parser.add_argument("--log-level", type=_level_arg, metavar="LEVEL",
-                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL "
-                        "(default: DSH_SCHEDULE_LOG_LEVEL, else INFO; -v is DEBUG)")
-    parser.add_argument("--rq-log-level", type=_level_arg, metavar="LEVEL",
-                        help="the level of rq's own lines, e.g. WARNING to drop its lines "
-                        "per job (default: DSH_SCHEDULE_RQ_LOG_LEVEL, else --log-level)")
+    group = _group(parser, LOGGING_GROUP)
+    group.add_argument("--log-format", choices=["text", "json"],
+                       help="log lines as text or as one JSON object each "
+                       "(default: DSH_SCHEDULE_LOG_FORMAT, else text)")
+    group.add_argument("--log-level", type=_level_arg, metavar="LEVEL",
+                       help="DEBUG, INFO, WARNING, ERROR or CRITICAL "
+                       "(default: DSH_SCHEDULE_LOG_LEVEL, else INFO; -v is DEBUG)")
+    group.add_argument("--rq-log-level", type=_level_arg, metavar="LEVEL",
+                       help="the level of rq's own lines, e.g. WARNING to drop its lines "
+                       "per job (default: DSH_SCHEDULE_RQ_LOG_LEVEL, else --log-level)")
 
 
 def _metrics_flags(parser: argparse.ArgumentParser) -> None:
@@ -106,17 +123,28 @@ def _metrics_flags(parser: argparse.ArgumentParser) -> None:
                         "(default: DSH_SCHEDULE_METRICS_ADDR, else 0.0.0.0)")
 
 
-def _common(parser: argparse.ArgumentParser, *, redis: bool = True,
-            redis_wait_s: float | None = None) -> None:
+SESSIONS_HELP: Final = "session log directory (default: DSH_SCHEDULE_SESSIONS, else ./sessions)"
+
+
+def _common(parser: argparse.ArgumentParser, *, redis: bool = True, sessions: bool = True,
+            redis_wait_s: float | None = None, sessions_help: str = SESSIONS_HELP) -> None:
+    """The shared options, in the titled groups: logging, and the session directory
+    (``sessions``) and Redis connection (``redis``) the command uses."""
     _verbose(parser)
     if redis:
         _logging_flags(parser)
-    parser.add_argument("--sessions", type=Path, help="session log directory")
+    group = _group(parser, CONNECTION_GROUP)
+    if sessions:
+        group.add_argument("--sessions", type=Path, metavar="DIR", help=sessions_help)
     if redis:
-        parser.add_argument("--redis", help="Redis URL (default: DSH_SCHEDULE_REDIS_URL)")
-        parser.add_argument("--queue", help="rq queue name")
-        parser.add_argument("--prefix", help="Redis key prefix")
-        parser.add_argument(
+        group.add_argument("--redis", metavar="URL",
+                           help="Redis URL (default: DSH_SCHEDULE_REDIS_URL)")
+        group.add_argument("--queue", metavar="NAME",
+                           help="rq queue name (default: DSH_SCHEDULE_QUEUE, else dsh-schedule)")
+        group.add_argument("--prefix", metavar="PREFIX",
+                           help="Redis key prefix (default: DSH_SCHEDULE_PREFIX, "
+                           "else dsh-schedule:)")
+        group.add_argument(
             "--redis-wait", type=seconds_arg, default=redis_wait_s, metavar="SECONDS",
             help="how long to wait at start-up for Redis to answer before exiting 2 "
             f"(default: {'for ever' if redis_wait_s is None else f'{redis_wait_s:g} s'})",
@@ -166,7 +194,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     "variant with calendar rules (schedule_create with cron; "
                     "docs/decisions.md#calendar-rules).")
     _verbose(p)
-    p.add_argument("--format", choices=["catalog", "openai", "anthropic"], default="catalog")
+    p.add_argument("--format", choices=["catalog", "openai", "anthropic"], default="catalog",
+                   help="the project's catalog, or the tools in the OpenAI or Anthropic "
+                   "format (default: catalog)")
     p.set_defaults(func=cmd_catalog)
 
     p = sub.add_parser("session", help="create or fork JSONL sessions")
@@ -175,7 +205,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     c = session_sub.add_parser("create")
     c.add_argument("id", type=session_id_arg, metavar="ID",
                    help="the new session's id (docs/architecture.md#session-logs)")
-    c.add_argument("--time-zone")
+    c.add_argument("--time-zone", metavar="ZONE",
+                   help="the session's IANA time zone, e.g. Europe/Berlin (default: none)")
     f = session_sub.add_parser("fork")
     f.add_argument("parent", type=session_id_arg, metavar="PARENT",
                    help="the session to fork")
@@ -184,8 +215,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     for subparser in (c, f):
         _verbose(subparser)
         # Accepted after the subcommand too, without overriding one given before it.
-        subparser.add_argument("--sessions", type=Path, default=argparse.SUPPRESS,
-                               help="session log directory")
+        _group(subparser, CONNECTION_GROUP).add_argument(
+            "--sessions", type=Path, default=argparse.SUPPRESS, metavar="DIR",
+            help=SESSIONS_HELP)
     p.set_defaults(func=cmd_session)
 
     p = sub.add_parser("call", help="run one tool call as the host would")
@@ -241,7 +273,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
                        "(embedded without a Redis URL)")
-    _common(p)
+    _common(p, sessions_help="session log directory (default: DSH_SCHEDULE_SESSIONS; "
+            "embedded without either: a scratch directory removed at exit)")
     p.add_argument("--port", type=port_arg, default=8321, metavar="PORT",
                    help="the port to listen on (default: 8321; 0: any free port)")
     p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
@@ -250,7 +283,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a name (NAME or NAME:PORT) the Host header may carry besides the "
                    "loopback names and the bound address, e.g. the name a proxy or DNS "
-                   "gives the console; repeatable. Any other Host is answered 421")
+                   "gives the console; repeatable. Any other Host is answered 421 "
+                   "(default: none)")
     p.add_argument("--token", metavar="TOKEN",
                    help="require this token (16 characters at least) on every request: "
                    "'Authorization: Bearer TOKEN', or the cookie signing in at /login sets "
@@ -263,7 +297,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="live agents, wakes, followups, workers and the "
                        "scheduler heartbeat")
-    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    _common(p, sessions=False, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument("--next", type=count_arg, default=5, metavar="N",
                    help="how many of the next scheduled wakes to show (default: 5)")
@@ -271,7 +305,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p = sub.add_parser("health", help="exit 0 when the scheduler heartbeat is fresh and "
                        "every queue with live agents (and the one --queue names) has a "
                        "worker, else 1 saying why")
-    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    _common(p, sessions=False, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.add_argument("--json", action="store_true", help='{"ok":…,"reason":…}')
     p.set_defaults(func=cmd_health)
     return parser

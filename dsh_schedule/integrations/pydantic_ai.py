@@ -6,15 +6,17 @@ docs/integrations/README.md).
   session id) from the run's dependencies (``ctx.deps.agent_id``, e.g. ``ScheduleDeps``),
   and are ``sequential``: a Schedule call never overlaps another tool call of the step.
   The model's arguments reach the tool as it sent them (a schema tool is not validated by
-  Pydantic AI); an error value is a failed tool result (``ToolFailed``) whose message is
-  the error's JSON.
-- ``run_user_turn(agent, plugin, deps, text, …)``: one person's turn, recorded in the
+  Pydantic AI); an error value is a failed tool result: the tool raises ``ToolFailed``,
+  and the model receives a ``ToolReturnPart`` whose ``outcome`` is ``"failed"`` and whose
+  content is the error's JSON (no retry prompt).
+- ``run_user_turn(agent, plugin, deps, text, *, history, …)``: one person's turn, recorded in the
   session log as the host contract asks (docs/architecture.md#host-event-vocabulary):
   ``turn/start``, the ``user/message`` with ``source = {"kind": "user", "rpcId",
   "clientTimeZone"}`` (and a time-context reading when given), ``step/start`` — before the
   agent runs — then a step per model request, the model's messages and each tool call with
-  its result, and ``step/end`` and ``turn/end``; the turn phase is held meanwhile. The
-  thread's message history is carried from run to run (``MessageHistory``).
+  its result, and ``step/end`` and ``turn/end``; the turn phase is held meanwhile.
+  ``history`` is required: the thread's messages are loaded from it and saved to it, so
+  that the reminder's run sees the conversation (``InMemoryHistory`` in one process).
 - ``answer_reminder`` and ``serve_followups(agent, plugin, stop)``: the followup loop; each
   reminder delivered into the session is a new run with the reminder text as the user
   prompt and the thread's message history, recorded the same way.

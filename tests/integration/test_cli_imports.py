@@ -35,6 +35,8 @@ EXPECTED_API = {
     # the asyncio host API
     "AsyncSchedulePlugin", "AsyncScheduleTools", "AsyncHostBridge", "AsyncAgent",
     "AsyncAgentRegistry", "AsyncAgentHandle", "AsyncAgentEvents", "AsyncToolHandler",
+    # the embedded runtime
+    "EmbeddedRuntime", "ManualClock", "embedded_runtime",
 }
 
 SESSION = [
@@ -112,7 +114,7 @@ def test_the_public_api_is_every_name_host_authors_need() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED_API - {"__version__"}))
 def test_every_public_name_resolves_to_its_home(name: str) -> None:
     value = getattr(dsh_schedule, name)
-    home = sys.modules[dsh_schedule._HOMES[name]]
+    home = sys.modules[dsh_schedule._homes()[name]]
     assert value is getattr(home, name)
 
 
@@ -137,8 +139,9 @@ def test_unknown_names_are_attribute_errors_and_submodules_still_import() -> Non
     assert cli.main is dsh_schedule.cli.main
 
 
-def test_the_type_checker_imports_match_the_lazy_table() -> None:
-    """``if TYPE_CHECKING:`` imports and the runtime table name the same homes."""
+def test_the_type_checker_imports_are_the_one_list_of_public_names() -> None:
+    """Each public name is imported once, for type checkers, as an explicit re-export;
+    where it lives and ``__all__`` are read from those imports."""
     tree = ast.parse(Path(dsh_schedule.__file__).read_text(encoding="utf-8"))
     declared: dict[str, str] = {}
     for node in ast.walk(tree):
@@ -146,5 +149,7 @@ def test_the_type_checker_imports_match_the_lazy_table() -> None:
             for statement in node.body:
                 if isinstance(statement, ast.ImportFrom):
                     for alias in statement.names:
-                        declared[alias.asname or alias.name] = str(statement.module)
-    assert declared == dsh_schedule._HOMES
+                        assert alias.asname == alias.name, alias.name
+                        declared[alias.name] = str(statement.module)
+    assert declared == dsh_schedule._homes()
+    assert sorted([*declared, "__version__"]) == dsh_schedule.__all__

@@ -3,6 +3,7 @@ showing the time-zone confirmation and a fixed-rate batch among the rest."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -63,3 +64,29 @@ def test_demo_runs_in_a_fresh_clone_without_any_redis(tmp_path: Path) -> None:
         found = result.stdout.find(expected, position)
         assert found >= 0, f"missing or out of order: {expected!r}\n{result.stdout}"
         position = found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verbose", [[], ["-v"]])
+def test_demo_with_json_logs_writes_only_json_lines(tmp_path: Path, verbose: list[str]) -> None:
+    # given the demo asked for JSON logs, quiet or at debug level
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
+
+    # when it runs to its end
+    result = subprocess.run(
+        [sys.executable, "-m", "dsh_schedule", "demo", "--log-format", "json", *verbose,
+         "--sessions", str(tmp_path / "sessions")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=90,
+    )
+
+    # then every line it wrote, on either stream, is one JSON object, and the timeline
+    # says what the text one does
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in (result.stdout + result.stderr).splitlines()]
+    assert all(isinstance(line, dict) for line in lines)
+    shown = [line.get("message") or line.get("block") for line in lines if "elapsed_s" in line]
+    assert shown[0] == "dsh-schedule demo on embedded Redis (in-process)"
+    assert any('reminder_prompt_json: "Stand up and stretch"' in text for text in shown)
+    assert shown[-1] == "demo finished"
+    if verbose:
+        assert any(line.get("level") == "DEBUG" for line in lines)

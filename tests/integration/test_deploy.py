@@ -4,9 +4,8 @@ compose file, the systemd units and the Prometheus configuration are checked for
 first deployment needs.
 
 Docker builds cannot run in the test suite. The compose and Prometheus files are read by
-``read_yaml``: PyYAML when it is installed, otherwise a small reader of the YAML these
-files use (and when both are there, the two must agree). ``docker compose config`` and
-``promtool`` check them too where those tools are installed.
+PyYAML (the test extra), refusing what YAML 1.1 and 1.2 readers read differently;
+``docker compose config`` and ``promtool`` check them too where those tools are installed.
 """
 
 from __future__ import annotations
@@ -25,7 +24,9 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 
+from dsh_schedule.shared.settings import environment_names
 from tests.conftest import REAL_REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,368 +43,53 @@ KNOWN_METRICS = {
 HISTOGRAMS = {"dsh_schedule_lateness_seconds"}
 
 
-# -- a reader for the YAML of the deployment files --------------------------------------
+# -- the YAML of the deployment files -----------------------------------------------------
 
 
-class YamlSubsetError(ValueError):
-    """The text uses YAML that ``load_yaml_subset`` does not read."""
-
-
-_INT = re.compile(r"[-+]?[0-9]+")
-_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-_KEY = re.compile(r"""(?P<key>"(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s'"#\[\]{},&*!|>%@`-][^#]*?)"""
-                  r"""\s*:(?:\s+|$)(?P<rest>.*)$""")
-# Booleans to YAML 1.1 readers (PyYAML; Go's yaml.v2, which Prometheus uses).
-_AMBIGUOUS = {"yes", "no", "on", "off", "y", "n"}
-
-
-def load_yaml_subset(text: str) -> Any:
-    """Read the block-style YAML the deployment files are written in: mappings and
-    sequences, flow sequences of scalars (over several lines too), plain, single- and
-    double-quoted scalars, ``|`` and ``>`` block scalars, anchors, aliases and ``<<``
-    merges. Anything else, and anything a YAML 1.1 reader would read differently from a
-    YAML 1.2 one (an unquoted yes/no/on/off), raises YamlSubsetError naming the line."""
-    lines: list[tuple[int, str, int]] = []
-    raw = text.splitlines()
-    for number, line in enumerate(raw, 1):
-        if "\t" in line[: len(line) - len(line.lstrip())]:
-            raise YamlSubsetError(f"line {number}: a tab in the indentation")
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped in ("---", "...") or stripped.startswith("%"):
-            raise YamlSubsetError(f"line {number}: document markers and directives")
-        lines.append((len(line) - len(line.lstrip(" ")), line.strip(), number))
-    reader = _Reader(lines, raw)
-    if not lines:
-        return None
-    value = reader.node(lines[0][0])
-    if reader.i != len(lines):
-        raise YamlSubsetError(f"line {lines[reader.i][2]}: unexpected indentation")
-    return value
-
-
-class _Reader:
-    def __init__(self, lines: list[tuple[int, str, int]], raw: list[str]) -> None:
-        self.lines = lines
-        self.raw = raw
-        self.i = 0
-        self.anchors: dict[str, Any] = {}
-
-    def node(self, indent: int) -> Any:
-        content = self.lines[self.i][1]
-        if content == "-" or content.startswith("- "):
-            return self.sequence(indent)
-        return self.mapping(indent)
-
-    def sequence(self, indent: int) -> list[Any]:
-        items: list[Any] = []
-        while self.i < len(self.lines):
-            col, content, number = self.lines[self.i]
-            if col != indent or not (content == "-" or content.startswith("- ")):
-                break
-            rest = content[1:].lstrip()
-            if not rest:
-                self.i += 1
-                items.append(self.nested(indent, number))
-            elif _KEY.match(rest) and not rest.startswith(("[", '"', "'", "*", "&")):
-                # "- key: value": a mapping whose keys line up after the dash
-                self.lines[self.i] = (col + len(content) - len(rest), rest, number)
-                items.append(self.mapping(col + len(content) - len(rest)))
-            else:
-                items.append(self.value(rest, indent, number))
-        return items
-
-    def mapping(self, indent: int) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        merged: dict[str, Any] = {}
-        while self.i < len(self.lines):
-            col, content, number = self.lines[self.i]
-            if col < indent:
-                break
-            if col > indent:
-                raise YamlSubsetError(f"line {number}: unexpected indentation")
-            if content == "-" or content.startswith("- "):
-                break
-            match = _KEY.match(content)
-            if match is None:
-                raise YamlSubsetError(f"line {number}: not a 'key: value' line")
-            key = self.scalar(match["key"].strip(), number, flow=False)
-            if not isinstance(key, str):
-                raise YamlSubsetError(f"line {number}: a key that is no string")
-            rest = match["rest"].strip()
-            if key == "<<":
-                self.i += 1
-                source = self.value(rest, indent, number, advanced=True)
-                if not isinstance(source, dict):
-                    raise YamlSubsetError(f"line {number}: '<<' merges a mapping only")
-                merged.update({k: v for k, v in source.items() if k not in merged})
-                continue
-            if key in result:
-                raise YamlSubsetError(f"line {number}: duplicate key {key!r}")
-            result[key] = self.value(rest, indent, number)
-        for key, value in merged.items():
-            result.setdefault(key, value)
-        return result
-
-    def nested(self, indent: int, number: int, *, same_indent_sequence: bool = False) -> Any:
-        """The block below a line that ends after its key, dash or anchor."""
-        if self.i < len(self.lines):
-            col, content, _ = self.lines[self.i]
-            if col > indent:
-                return self.node(col)
-            if (same_indent_sequence and col == indent
-                    and (content == "-" or content.startswith("- "))):
-                return self.sequence(col)
-        return None
-
-    def value(self, rest: str, indent: int, number: int, *, advanced: bool = False) -> Any:
-        """The value that starts with ``rest`` on line ``number`` (its line not yet passed
-        unless ``advanced``)."""
-        if not advanced:
-            self.i += 1
-        anchor = None
-        if rest.startswith("&"):
-            anchor, _, rest = rest[1:].partition(" ")
-            rest = rest.strip()
-        if rest.startswith("*"):
-            name = _strip_comment(rest[1:], number)
-            if name not in self.anchors:
-                raise YamlSubsetError(f"line {number}: unknown alias *{name}")
-            value = self.anchors[name]
-        elif not rest or rest.startswith("#"):
-            value = self.nested(indent, number, same_indent_sequence=True)
-        elif rest[0] in "|>":
-            value = self.block_scalar(rest, indent, number)
-        elif rest.startswith("["):
-            value = self.flow_sequence(rest, number)
-        elif rest[0] in "\"'":
-            end = _quoted_end(rest, number)
-            if _strip_comment(rest[end:].strip(), number):
-                raise YamlSubsetError(f"line {number}: text after a quoted scalar")
-            value = self.scalar(rest[:end], number, flow=False)
-        else:
-            value = self.scalar(_strip_comment(rest, number), number, flow=False)
-        if anchor is not None:
-            self.anchors[anchor] = value
-        return value
-
-    def block_scalar(self, header: str, indent: int, number: int) -> str:
-        style, chomp = header[0], _strip_comment(header[1:], number)
-        if chomp not in ("", "-"):
-            raise YamlSubsetError(f"line {number}: block scalar header {header!r}")
-        body: list[str] = []
-        first = self.lines[self.i] if self.i < len(self.lines) else None
-        if first is None or first[0] <= indent:
-            raise YamlSubsetError(f"line {number}: an empty block scalar")
-        start, block_indent = first[2], first[0]
-        while self.i < len(self.lines) and self.lines[self.i][0] > indent:
-            col, _, line_number = self.lines[self.i]
-            if col != block_indent:
-                raise YamlSubsetError(f"line {line_number}: uneven block scalar indentation")
-            self.i += 1
-        end = self.lines[self.i - 1][2]
-        for line in self.raw[start - 1 : end]:
-            if not line.strip():
-                raise YamlSubsetError(f"line {number}: a blank line inside a block scalar")
-            body.append(line[block_indent:])
-        text = ("\n" if style == "|" else " ").join(body)
-        return text if chomp == "-" else text + "\n"
-
-    def flow_sequence(self, rest: str, number: int) -> list[Any]:
-        text = rest
-        while not _balanced(text):
-            if self.i >= len(self.lines):
-                raise YamlSubsetError(f"line {number}: an unclosed '['")
-            text += " " + self.lines[self.i][1]
-            self.i += 1
-        inner, close = _split_flow(text, number)
-        if _strip_comment(close, number):
-            raise YamlSubsetError(f"line {number}: text after ']'")
-        return [self.scalar(item, number, flow=True) for item in inner]
-
-    def scalar(self, text: str, number: int, *, flow: bool) -> Any:
-        if text.startswith('"'):
-            if not (len(text) >= 2 and text.endswith('"')):
-                raise YamlSubsetError(f"line {number}: a double-quoted scalar must end the line")
-            return _unescape(text[1:-1], number)
-        if text.startswith("'"):
-            if not (len(text) >= 2 and text.endswith("'")):
-                raise YamlSubsetError(f"line {number}: a single-quoted scalar must end the line")
-            return text[1:-1].replace("''", "'")
-        if text[:1] in set("[]{}!%@`&*|>,") or text.startswith(("- ", "? ")):
-            raise YamlSubsetError(f"line {number}: unsupported scalar {text!r}")
-        if ": " in text or text.endswith(":") or " #" in text:
-            raise YamlSubsetError(f"line {number}: ambiguous plain scalar {text!r}")
-        if flow and any(c in text for c in "[]{},"):
-            raise YamlSubsetError(f"line {number}: flow indicator in {text!r}")
-        if text in ("", "~", "null", "Null", "NULL"):
-            return None
-        if text in ("true", "True", "TRUE"):
-            return True
-        if text in ("false", "False", "FALSE"):
-            return False
-        if text.lower() in _AMBIGUOUS:
-            raise YamlSubsetError(f"line {number}: quote {text!r} (a boolean in YAML 1.1)")
-        if _INT.fullmatch(text):
-            if len(text.lstrip("+-")) > 1 and text.lstrip("+-").startswith("0"):
-                raise YamlSubsetError(f"line {number}: quote {text!r} (octal in YAML 1.1)")
-            return int(text)
-        if _FLOAT.fullmatch(text):
-            return float(text)
-        if re.fullmatch(r"[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?", text):
-            raise YamlSubsetError(f"line {number}: quote {text!r} (base 60 in YAML 1.1)")
-        return text
-
-
-def _strip_comment(text: str, number: int) -> str:
-    """``text`` (no quoted scalar) without a trailing comment."""
-    if text.startswith("#"):
-        return ""
-    return text.split(" #", 1)[0].strip()
-
-
-def _quoted_end(text: str, number: int) -> int:
-    """The index just past the quoted scalar that starts ``text``."""
-    quote, i = text[0], 1
-    while i < len(text):
-        if quote == '"' and text[i] == "\\":
-            i += 2
-            continue
-        if text[i] == quote:
-            if quote == "'" and text[i + 1 : i + 2] == "'":
-                i += 2
-                continue
-            return i + 1
-        i += 1
-    raise YamlSubsetError(f"line {number}: a quoted scalar must end on its line")
-
-
-def _balanced(text: str) -> bool:
-    depth, quote, i = 0, "", 0
-    while i < len(text):
-        char = text[i]
-        if quote == '"' and char == "\\":
-            i += 2
-            continue
-        if quote:
-            if char == quote:
-                quote = ""
-        elif char in "\"'":
-            quote = char
-        elif char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-            if depth == 0:
-                return True
-        i += 1
-    return False
-
-
-def _split_flow(text: str, number: int) -> tuple[list[str], str]:
-    """The items of the flow sequence at the start of ``text`` and what follows it."""
-    items: list[str] = []
-    current, quote, i = "", "", 1
-    while i < len(text):
-        char = text[i]
-        if quote == '"' and char == "\\":
-            current += text[i : i + 2]
-            i += 2
-            continue
-        if quote:
-            current += char
-            if char == quote:
-                quote = ""
-        elif char in "\"'":
-            quote = char
-            current += char
-        elif char == "[" or char == "{":
-            raise YamlSubsetError(f"line {number}: nested flow collections")
-        elif char in ",]":
-            item = current.strip()
-            if item:
-                items.append(item)
-            elif char == ",":
-                raise YamlSubsetError(f"line {number}: an empty flow item")
-            current = ""
-            if char == "]":
-                return items, text[i + 1 :].strip()
-        else:
-            current += char
-        i += 1
-    raise YamlSubsetError(f"line {number}: an unclosed '['")
-
-
-_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "/": "/"}
-
-
-def _unescape(body: str, number: int) -> str:
-    out, i = "", 0
-    while i < len(body):
-        char = body[i]
-        if char == "\\":
-            escaped = body[i + 1 : i + 2]
-            if escaped not in _ESCAPES:
-                raise YamlSubsetError(f"line {number}: escape \\{escaped} in a quoted scalar")
-            out += _ESCAPES[escaped]
-            i += 2
-        elif char == '"':
-            raise YamlSubsetError(f"line {number}: an unescaped '\"' inside a quoted scalar")
-        else:
-            out += char
-            i += 1
-    return out
+def _ambiguous_scalars(node: yaml.Node) -> list[str]:
+    """Plain scalars a YAML 1.1 reader (PyYAML; Go's yaml.v2, which Prometheus uses) reads
+    otherwise than a YAML 1.2 one (docker compose): a yes/no/on/off boolean, a leading-zero
+    octal, a base-60 number."""
+    if isinstance(node, yaml.ScalarNode):
+        value = node.value
+        plain = node.style is None
+        if plain and node.tag == "tag:yaml.org,2002:bool" and value.lower() not in (
+                "true", "false"):
+            return [f"line {node.start_mark.line + 1}: {value!r} (a boolean in YAML 1.1)"]
+        if plain and node.tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float") and (
+                ":" in value or re.fullmatch(r"[-+]?0[0-9_]+", value)):
+            return [f"line {node.start_mark.line + 1}: {value!r} (a number in YAML 1.1 only)"]
+        return []
+    if isinstance(node, yaml.SequenceNode):
+        return [found for item in node.value for found in _ambiguous_scalars(item)]
+    if isinstance(node, yaml.MappingNode):
+        return [found for pair in node.value for part in pair
+                for found in _ambiguous_scalars(part)]
+    return []
 
 
 def read_yaml(path: Path) -> Any:
-    """``path`` read by ``load_yaml_subset``, and by PyYAML too when it is installed (the
-    two must agree)."""
+    """``path`` read by PyYAML, refusing what YAML 1.1 and 1.2 readers read differently."""
     text = path.read_text(encoding="utf-8")
-    value = load_yaml_subset(text)
-    try:
-        import yaml  # type: ignore[import-untyped]
-    except ImportError:
-        return value
-    assert yaml.safe_load(text) == value, f"{path}: the subset reader and PyYAML disagree"
-    return value
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    ambiguous = [] if node is None else _ambiguous_scalars(node)
+    assert not ambiguous, f"{path}: quote {'; '.join(ambiguous)}"
+    return yaml.safe_load(text)
 
 
-def test_the_yaml_reader_reads_what_the_deployment_files_use() -> None:
-    text = """
-# a comment
-base: &base
-  image: "x:1"   # trailing comment
-  list: ["a", 'b''s', 3,
-         "d e"]
-  empty:
-svc:
-  <<: *base
-  image: img
-  items:
-  - name: one
-    port: 9460
-  -   two
-  text: >-
-    folded
-    lines
-  lit: |
-    a
-    b
-  quoted: "\\"$$X\\" / y"
-"""
-    assert load_yaml_subset(text) == {
-        "base": {"image": "x:1", "list": ["a", "b's", 3, "d e"], "empty": None},
-        "svc": {
-            "image": "img", "list": ["a", "b's", 3, "d e"], "empty": None,
-            "items": [{"name": "one", "port": 9460}, "two"],
-            "text": "folded lines", "lit": "a\nb\n", "quoted": '"$$X" / y',
-        },
-    }
-    for bad in ("a: yes", "a: {b: 1}", "a: 1\n  b: 2", "a: 1\na: 2", "a: !tag x",
-                "a: 0750", "a: 1:30"):
-        with pytest.raises(YamlSubsetError):
-            load_yaml_subset(bad)
+@pytest.mark.parametrize("text", ["a: yes", "a: [on]", "b:\n  c: 0750", "d: 1:30"])
+def test_yaml_a_1_1_reader_reads_otherwise_is_refused(text: str, tmp_path: Path) -> None:
+    # given a file with a plain scalar YAML 1.1 and 1.2 readers disagree on
+    path = tmp_path / "x.yml"
+    path.write_text(text, encoding="utf-8")
+    # when it is read, then it is refused, naming the line
+    with pytest.raises(AssertionError, match="line"):
+        read_yaml(path)
+
+
+def test_yaml_quoted_and_plain_scalars_that_agree_are_read() -> None:
+    assert yaml.safe_load('a: "yes"\nb: true\nc: 9460\nd: "0750"') == {
+        "a": "yes", "b": True, "c": 9460, "d": "0750"}
 
 
 # -- the Procfile -----------------------------------------------------------------------
@@ -907,6 +593,7 @@ def test_readme_and_env_example_name_every_variable_the_code_reads() -> None:
         if "loadtest" not in path.parts
     )
     read = set(re.findall(r"\bDSH_SCHEDULE_[A-Z0-9_]*[A-Z0-9]\b", source))
+    read |= set(environment_names().values())  # derived from the Settings fields
     read |= {"DSH_SCHEDULE_METRICS_PORT", "DSH_SCHEDULE_LOG_FORMAT", "DSH_SCHEDULE_LOG_LEVEL",
              "DSH_SCHEDULE_HOST_SESSIONS"}
     for var in sorted(read):

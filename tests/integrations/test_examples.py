@@ -1,8 +1,10 @@
-"""Every runnable example and recipe of docs/integrations/ works end to end: a scripted
-model creates a reminder 2 s away through the framework, real ``worker`` and
-``scheduler`` processes fire it against the suite's real Redis, and the reminder is
+"""Every runnable example and recipe of docs/integrations/ works end to end, on the
+embedded runtime (its default: the worker and the scheduler in its own process) and with
+``--redis`` (real ``worker`` and ``scheduler`` processes on the suite's real Redis): a
+scripted model creates a reminder 2 s away through the framework, and the reminder is
 delivered into the session exactly once and answered by the model, with every turn
-recorded in the host event vocabulary (docs/architecture.md#host-event-vocabulary)."""
+recorded in the host event vocabulary (docs/architecture.md#host-event-vocabulary). The
+examples are quiet: only what happens, none of rq's lines per job."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.conftest import REAL_REDIS_URL
@@ -26,14 +27,21 @@ EXAMPLES = ROOT / "docs" / "integrations"
 TIMEOUT_S = 110
 SESSION = "chat-42"
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
+EXAMPLES_RUN = ["langgraph_example.py", "pydantic_ai_example.py", "openai_agents_recipe.py",
+                "anthropic_recipe.py"]
+# What an example prints: its tool list, the tool result, the answer, the delivered
+# reminder (six lines) and the model's answer to it.
+MOST_LINES = 12
 
 
-def run_example(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_example(script: Path, env: dict[str, str],
+                args: list[str]) -> subprocess.CompletedProcess[str]:
     """Run an example in a process group of its own (its worker and scheduler go with it
     when it overruns), keeping its output either way."""
     process = subprocess.Popen(
-        [sys.executable, str(script)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+        [sys.executable, "-W", "error", str(script), *args], env=env, cwd=ROOT,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
@@ -54,24 +62,32 @@ def kinds(events: list[Any]) -> list[str]:
     return [event.type for event in events]
 
 
+@pytest.fixture(params=["embedded", pytest.param("redis", marks=pytest.mark.redis)])
+def where(request: pytest.FixtureRequest) -> list[str]:
+    """The example's arguments: none (the embedded runtime), or ``--redis`` and the
+    suite's real Redis."""
+    if request.param == "embedded":
+        return []
+    request.getfixturevalue("real_redis")
+    return ["--redis", REAL_REDIS_URL]
+
+
 @pytest.mark.timeout(TIMEOUT_S + 30)
-@pytest.mark.parametrize("example", [
-    "langgraph_example.py", "pydantic_ai_example.py", "openai_agents_recipe.py",
-    "anthropic_recipe.py",
-])
+@pytest.mark.parametrize("example", EXAMPLES_RUN)
 def test_the_example_delivers_the_reminder_once_and_the_model_answers_it(
-        example: str, tmp_path: Path, real_redis: redis.Redis) -> None:
-    # given the example, the suite's Redis and a session directory of the test's own
+        example: str, where: list[str], tmp_path: Path) -> None:
+    # given the example and a session directory of the test's own
     sessions = tmp_path / "sessions"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
-    env.update(DSH_SCHEDULE_REDIS_URL=REAL_REDIS_URL, DSH_SCHEDULE_SESSIONS=str(sessions))
+    env.update(DSH_SCHEDULE_SESSIONS=str(sessions))
 
     # when it runs to its end
-    result = run_example(EXAMPLES / example, env)
+    result = run_example(EXAMPLES / example, env, where)
 
-    # then it succeeded and says what happened
+    # then it succeeded and says what happened, and only that
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
-    assert "Traceback" not in result.stderr, result.stderr[-4000:]
+    assert result.stderr == "", result.stderr[-4000:]
+    assert len(result.stdout.splitlines()) <= MOST_LINES, result.stdout
     assert "Done: schedule-1 is set." in result.stdout
     assert 'reminder_prompt_json: "stretch"' in result.stdout
     assert "model answered: Reminder: time to stretch!" in result.stdout

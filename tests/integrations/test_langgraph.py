@@ -11,6 +11,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -199,3 +200,32 @@ def test_arguments_nested_too_deep_answer_the_tools_error_and_keep_the_log_reada
     listed = asyncio.run(schedule_tools(plugin, "s1")[1].ainvoke({
         "type": "tool_call", "id": "c", "name": "schedule_list", "args": {}}))
     assert (listed.status, json.loads(listed.content)) == ("success", [])
+
+
+class BindsTools(CallsThenAnswers):
+    """``CallsThenAnswers`` for an agent that binds its tools to the model."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> BindsTools:
+        return self
+
+
+def test_an_agent_from_create_agent_runs_the_tools_and_records_the_turn(
+        plugin: AsyncSchedulePlugin) -> None:
+    # given LangGraph's current agent (langchain.agents.create_agent, which replaces the
+    # deprecated create_react_agent) over the Schedule tools; warnings are errors here
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    model = BindsTools(calls=[{"name": "schedule_create",
+                               "args": {"prompt": "stretch", "after_seconds": 60}}])
+    graph = create_agent(model, schedule_tools(plugin, "s1"), checkpointer=InMemorySaver())
+
+    # when a person's turn runs it
+    output = asyncio.run(run_user_turn(graph, plugin, "s1", "remind me in a minute"))
+
+    # then the tool ran and the turn is recorded step by step
+    [[status, value]] = json.loads(output["messages"][-1].content)
+    assert (status, value["id"]) == ("success", "schedule-1")
+    assert [e.type for e in plugin.store.read("s1").events] == [
+        "turn/start", "user/message", "step/start", "assistant/message", "schedule/change",
+        "tool/call", "tool/result", "step/end", "step/start", "assistant/message", "step/end",
+        "turn/end",
+    ]

@@ -5,6 +5,7 @@ contract recorded before the tool call, and the thread's history carried between
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -15,11 +16,13 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
+    RetryPromptPart,
     TextPart,
     ToolCallPart,
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.test import TestModel
 
 from dsh_schedule.host.aio import AsyncSchedulePlugin
 from dsh_schedule.integrations.pydantic_ai import (
@@ -173,3 +176,29 @@ def test_arguments_nested_too_deep_answer_the_tools_error_and_keep_the_log_reada
         assert args["after_seconds"] == 60
         assert NESTING_OMITTED in json.dumps(args["prompt"])
     assert [e.type for e in events][-2:] == ["step/end", "turn/end"]
+
+
+def test_with_test_model_an_error_value_reaches_the_model_as_a_failed_tool_return(
+        plugin: AsyncSchedulePlugin) -> None:
+    # given Pydantic AI's TestModel, which calls schedule_create with only a prompt
+    plugin.store.create(SessionHeader(id="s1", createdAt=0))
+    agent = Agent(TestModel(call_tools=["schedule_create"]), deps_type=ScheduleDeps,
+                  tools=schedule_tools(plugin))
+
+    # when the run is over
+    result = asyncio.run(run_user_turn(agent, plugin, ScheduleDeps("s1"), "remind me",
+                                       history=InMemoryHistory()))
+
+    # then the tool's ToolFailed reached the model as a ToolReturnPart marked failed,
+    # whose content is the error's JSON, as docs/integrations/README.md says
+    (returned,) = [p for m in result.all_messages() for p in m.parts
+                   if isinstance(p, ToolReturnPart | RetryPromptPart)]
+    assert isinstance(returned, ToolReturnPart)
+    assert returned.outcome == "failed"
+    assert json.loads(str(returned.content))["code"] == "invalid_selector"
+
+
+def test_the_history_is_a_required_keyword_of_a_user_turn() -> None:
+    history = inspect.signature(run_user_turn).parameters["history"]
+    assert history.kind is inspect.Parameter.KEYWORD_ONLY
+    assert history.default is inspect.Parameter.empty

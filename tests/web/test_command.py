@@ -163,4 +163,4 @@ def test_without_the_web_extra_the_command_says_what_is_missing(
                             env=embedded_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == ("dsh-schedule: web: needs the web extra (fastapi is missing): "
-                             "pip install 'dsh-tool-schedule[web]'\n")
+                             "pip install '.[web]' from a checkout (README.md#install)\n")
