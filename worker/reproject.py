@@ -16,7 +16,7 @@ from dsh_schedule.shared.core.events import Session
 from dsh_schedule.shared.core.ledger import LedgerCache
 
 
-def reproject_many(
+def reproject(
     followups: Followups, sessions: Sequence[tuple[str, Session]], cache: LedgerCache
 ) -> tuple[dict[str, int], list[str]]:
     """Re-add every lost followup of these agents: one pipelined read of the streams of

@@ -17,7 +17,7 @@ from rq.job import Job
 from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
-from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock, LockUnavailable
+from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock
 from dsh_schedule.shared.coordination.phase import AgentPhase
 from dsh_schedule.shared.coordination.scripts import (
     batch_replies,
@@ -212,17 +212,7 @@ class Coordination:
         caller bounds the batch). An agent whose lock is busy (a transaction in flight) is
         then forgotten alone, waiting for its lock. Returns the agents whose lock stayed
         busy: nothing of theirs was dropped."""
-        agents = list(dict.fromkeys(agents))
-        with self.locks.hold_many(agents) as held:
-            self._forget_held([agent for agent in agents if agent in held])
-        left: list[str] = []
-        for agent in agents:
-            if agent not in held:
-                try:
-                    self.forget_agent(agent, lock_wait_s=lock_wait_s)
-                except LockUnavailable:
-                    left.append(agent)
-        return left
+        return self.locks.each_held(agents, self._forget_held, wait_s=lock_wait_s)
 
     def _forget_held(self, agents: Sequence[str]) -> None:
         self.wakes.cancel_many(agents)

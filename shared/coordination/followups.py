@@ -280,23 +280,16 @@ class Followups:
         with no stream has nothing to read, and is left without one: an idle live agent
         holds no empty stream.
         """
-        return self.read_each([agent], consumer, count=count)[agent].entries
+        return self.read_streams([agent], consumer, count=count)[agent].entries
 
-    def read_many(
-        self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
-    ) -> dict[str, list[FollowupEntry]]:
-        """``read`` (without blocking) for many agents, in one script call: for each, this
-        consumer's unacknowledged entries, else its new ones."""
-        return {agent: read.entries
-                for agent, read in self.read_each(agents, consumer, count=count).items()}
-
-    def read_each(
+    def read_streams(
         self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
     ) -> dict[str, StreamRead]:
-        """``read_many``, saying for each agent whether the read took every entry its
-        stream held for this consumer then (``drained``; never said of a stream that had
-        no consumer group yet). A stream without a consumer group yet gets one, as
-        ``read`` says, and is read again."""
+        """``read`` (without blocking) for many agents, in one script call: for each, this
+        consumer's unacknowledged entries, else its new ones, and whether the read took
+        every entry its stream held for this consumer then (``drained``; never said of a
+        stream that had no consumer group yet). A stream without a consumer group yet
+        gets one, as ``read`` says, and is read again."""
         pending = list(dict.fromkeys(agents))
         found, ungrouped = self._read_script(pending, consumer, count)
         streams = [agent for agent in ungrouped
