@@ -37,13 +37,13 @@ from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.core.ledger import LedgerCache
 from dsh_schedule.shared.core.records import encode_change
+from dsh_schedule.shared.failpoints import Failpoint, reach
 from dsh_schedule.shared.fencing import FENCE_ATTEMPTS
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
-from dsh_schedule.worker.outcome import crash_point
 from dsh_schedule.worker.reproject import reproject
 
 log = logging.getLogger(__name__)
@@ -398,12 +398,12 @@ class DueOwner:
         fenced append. Returns the agents whose append met another writer."""
         if not wakes:
             return []
-        crash_point("before-followup")
+        reach(Failpoint.BEFORE_FOLLOWUP)
         # Announced once the transaction lets the agents go (``_announce``).
         self._coord.followups.add_many([(wake.agent, plan.text, plan.pairs)
                                         for wake in wakes if (plan := wake.plan)])
         written_ms = self._clock()
-        crash_point("after-followup")
+        reach(Failpoint.AFTER_FOLLOWUP)
         conflicted: list[AgentWake] = []
         for wake in wakes:
             assert wake.plan is not None
@@ -430,7 +430,7 @@ class DueOwner:
             log.error("dispatch append for %s abandoned: %s", agent, exc)
             wake.stop(WakeOutcome.DISPATCH_ABANDONED)
             return False
-        crash_point("after-append")
+        reach(Failpoint.AFTER_APPEND)
         wake.stage, wake.announce = Stage.APPENDED, True
         self._record_dispatch(wake, written_ms)
         return False
