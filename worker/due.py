@@ -35,7 +35,7 @@ from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, Sch
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.framing import FramingError
-from dsh_schedule.shared.core.ledger import LedgerCache
+from dsh_schedule.shared.core.ledger import ledger_of
 from dsh_schedule.shared.core.records import encode_change
 from dsh_schedule.shared.failpoints import Failpoint, reach
 from dsh_schedule.shared.fencing import FENCE_ATTEMPTS
@@ -95,7 +95,6 @@ class DueOwner:
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
-        self._ledgers = LedgerCache()
 
     def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
         """Handle one wake (a batch of one): stale and duplicate wakes find nothing due
@@ -276,7 +275,7 @@ class DueOwner:
             wake.stop(WakeOutcome.CORRUPT_LOG)
             return
         try:
-            self._ledgers.ledger(agent, wake.session)
+            ledger_of(wake.session)  # a corrupt one stops here
         except ScheduleLogError as exc:
             log.error("cannot re-project followups for %s: %s", agent, exc)
             wake.stop(WakeOutcome.CORRUPT_LOG)
@@ -286,7 +285,7 @@ class DueOwner:
         together (docs/architecture.md#hosts-followups-and-rebuild); an agent with an
         undelivered dispatch is announced once let go."""
         sessions = [(wake.agent, wake.session) for wake in wakes if wake.session is not None]
-        added, undelivered = reproject(self._coord.followups, sessions, self._ledgers)
+        added, undelivered = reproject(self._coord.followups, sessions)
         for wake in wakes:
             wake.announce = wake.announce or wake.agent in undelivered
             if added.get(wake.agent):

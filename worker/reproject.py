@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dsh_schedule.shared.coordination.followups import Followups, Pair
 from dsh_schedule.shared.core.dispatch import pending_frame
 from dsh_schedule.shared.core.events import Session
-from dsh_schedule.shared.core.ledger import LedgerCache
+from dsh_schedule.shared.core.ledger import ledger_of
 
 
 def reproject(
-    followups: Followups, sessions: Sequence[tuple[str, Session]], cache: LedgerCache
+    followups: Followups, sessions: Sequence[tuple[str, Session]]
 ) -> tuple[dict[str, int], list[str]]:
     """Re-add every lost followup of these agents: one pipelined read of the streams of
     the agents with an undelivered dispatch, one script call writing what is missing,
@@ -26,7 +26,7 @@ def reproject(
     have missed them, as when a worker died before announcing)."""
     added = {agent: 0 for agent, _session in sessions}
     undelivered = [(agent, ledger, missing) for agent, session in sessions
-                   if (missing := (ledger := cache.ledger(agent, session)).undelivered())]
+                   if (missing := (ledger := ledger_of(session)).undelivered())]
     if not undelivered:
         return added, []
     streams = followups.entries_many([agent for agent, _ledger, _missing in undelivered])

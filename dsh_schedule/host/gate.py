@@ -30,7 +30,7 @@ from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair, Stre
 from dsh_schedule.shared.coordination.outage import is_outage
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
-from dsh_schedule.shared.core.ledger import LedgerCache, reminder_source
+from dsh_schedule.shared.core.ledger import ledger_of, reminder_source
 from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
@@ -95,14 +95,12 @@ class DeliveryGate:
         *,
         clock: Clock,
         consumer: str,
-        ledgers: LedgerCache,
     ) -> None:
         self._store = store
         self._coord = coordination
         self._settings = settings
         self._clock = clock
         self._consumer = consumer
-        self._ledgers = ledgers
 
 
     def has_followup(self, agent: str) -> bool:
@@ -270,7 +268,7 @@ class DeliveryGate:
         if preflight:
             self._store.flush(agent)
         session, _state = self._store.load(agent)
-        ledger = self._ledgers.ledger(agent, session)
+        ledger = ledger_of(session)
         if not ledger.deliverable(entry.pairs):
             # No dispatch covers it (an abandoned attempt), it is already delivered, or it
             # is not the complete batch the log recorded.
