@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import redis
 from redis.client import Pipeline
@@ -22,35 +22,17 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import queue_script, run_script_batch
+from dsh_schedule.shared.coordination.scripts import lua, queue_script, run_script_batch
 from dsh_schedule.shared.core.errors import ScheduleError
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-# KEYS the lock keys of a batch; ARGV[1] the batch's token. Deletes each key that still
-# holds the token (one a lock of the same key taken over after expiry is left alone).
-_RELEASE_MANY = """
-local released = 0
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    released = released + 1
-  end
-end
-return released
-"""
+_RELEASE_MANY: Final = lua("lock_release_many")  # lua/lock_release_many.lua
 
 
-# KEYS[1] a lock key; ARGV[1] the batch's token, ARGV[2] the TTL in ms. The same
-# ``SET NX PX`` a single lock takes; 1 when taken, 0 when the lock is busy.
-_TAKE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-return 0
-"""
+_TAKE: Final = lua("lock_take")  # lua/lock_take.lua
 
 
 class LockUnavailable(ScheduleError):

@@ -21,7 +21,7 @@ from dsh_schedule.scheduler.process import (
 )
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Pair
-from dsh_schedule.shared.coordination.wakejobs import ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, new_session, reminder_texts
