@@ -29,13 +29,13 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.phase import Release
-from dsh_schedule.shared.core.dispatch import DispatchPlan, plan_dispatch
+from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.framing import FramingError
-from dsh_schedule.shared.core.ledger import ledger_of
+from dsh_schedule.shared.core.ledger import LedgerView, Pair, ledger_of
 from dsh_schedule.shared.core.records import encode_change
 from dsh_schedule.shared.failpoints import Failpoint, reach
 from dsh_schedule.shared.fencing import FENCE_ATTEMPTS
@@ -44,7 +44,6 @@ from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
-from dsh_schedule.worker.reproject import reproject
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +67,7 @@ class AgentWake(msgspec.Struct, kw_only=True):
     stage: Stage = Stage.CHECK
     session: Session | None = None
     state: FoldState | None = None
+    ledger: LedgerView | None = None  # what the check found dispatched, undelivered
     decision: DispatchOne | DispatchBatch | None = None
     decided_ms: int = 0
     plan: DispatchPlan | None = None
@@ -199,7 +199,7 @@ class DueOwner:
                 wake.stop(WakeOutcome.STILL_DUE)
         settled = [(wake.agent, wake.state) for wake in wakes
                    if wake.outcome is WakeOutcome.SETTLED and wake.state is not None]
-        self._coord.rearm_many(settled, self._clock())
+        self._coord.wakes.rearm_many(settled, self._clock())
         return [wake.agent for wake in wakes
                 if wake.announce or wake.outcome is WakeOutcome.BARRIER_FAILED]
 
@@ -275,23 +275,37 @@ class DueOwner:
             wake.stop(WakeOutcome.CORRUPT_LOG)
             return
         try:
-            ledger_of(wake.session)  # a corrupt one stops here
+            wake.ledger = ledger_of(wake.session)  # a corrupt one stops here
         except ScheduleLogError as exc:
             log.error("cannot re-project followups for %s: %s", agent, exc)
             wake.stop(WakeOutcome.CORRUPT_LOG)
 
     def _reproject(self, wakes: list[AgentWake]) -> None:
-        """Re-add the lost followups of these agents, their streams read and written
-        together (docs/architecture.md#hosts-followups-and-rebuild); an agent with an
-        undelivered dispatch is announced once let go."""
-        sessions = [(wake.agent, wake.session) for wake in wakes if wake.session is not None]
-        added, undelivered = reproject(self._coord.followups, sessions)
-        for wake in wakes:
-            wake.announce = wake.announce or wake.agent in undelivered
-            if added.get(wake.agent):
-                metrics.get().delivery("reprojected", added[wake.agent])
-                log.info("re-projected %d lost followup(s) for %s", added[wake.agent],
-                         wake.agent)
+        """Re-add every lost followup of these agents
+        (docs/architecture.md#hosts-followups-and-rebuild): a dispatch in the agent's own
+        suffix that no delivered message covers and no stream entry holds gets its
+        followup re-added, rendered from the prompts the ledger kept of it by the same
+        renderer a dispatch uses, so it is byte-identical to the original frame. One
+        pipelined read of the streams of the agents with an undelivered dispatch, one
+        script call writing what is missing, unannounced: an agent with an undelivered
+        dispatch is announced once let go (a host may have missed it, as when a worker
+        died before announcing)."""
+        undelivered = [(wake, ledger, missing) for wake in wakes
+                       if (ledger := wake.ledger) and (missing := ledger.undelivered())]
+        if not undelivered:
+            return
+        streams = self._coord.followups.entries_many([w.agent for w, _l, _m in undelivered])
+        lost: list[tuple[str, str, Sequence[Pair]]] = []
+        for (wake, ledger, missing), entries in zip(undelivered, streams, strict=True):
+            wake.announce = True
+            held: set[Pair] = {p for entry in entries for p in entry.pairs}
+            added = [(wake.agent, pending_frame(ledger, group), group.pairs)
+                     for group in missing if not any(p in held for p in group.pairs)]
+            if added:
+                metrics.get().delivery("reprojected", len(added))
+                log.info("re-projected %d lost followup(s) for %s", len(added), wake.agent)
+            lost.extend(added)
+        self._coord.followups.add_many(lost)
 
     def _decide(self, wake: AgentWake, now: int) -> None:
         assert wake.state is not None
