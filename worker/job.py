@@ -27,7 +27,7 @@ from rq import get_current_job
 
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wakejobs import (
+from dsh_schedule.shared.coordination.wake import (
     WAKE_BATCH_FUNC,
     WAKE_FUNC,
     DueWakes,

@@ -36,7 +36,6 @@ from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
-from dsh_schedule.shared.core.ledger import LedgerCache
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -62,9 +61,8 @@ class HostBridge:
         self._settings = settings
         self._clock = clock
         self.consumer = consumer or f"host-{uuid.uuid4().hex[:12]}"
-        self._ledgers = LedgerCache()
         self._gate = DeliveryGate(store, coordination, settings, clock=clock,
-                                  consumer=self.consumer, ledgers=self._ledgers)
+                                  consumer=self.consumer)
         self._state = threading.Lock()
         self._served: set[str] = set()
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
@@ -149,12 +147,7 @@ class HostBridge:
             for agent in agents:
                 self._served.discard(agent)
                 self._due.pop(agent, None)
-        try:
-            return self._coord.forget_agents(agents,
-                                             lock_wait_s=self._settings.tool_lock_wait_s)
-        finally:
-            for agent in agents:
-                self._ledgers.forget(agent)
+        return self._coord.forget_agents(agents, lock_wait_s=self._settings.tool_lock_wait_s)
 
     # -- which agents to look at ------------------------------------------------------
 

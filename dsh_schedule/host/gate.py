@@ -27,11 +27,10 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair, StreamRead
-from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import is_outage
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
-from dsh_schedule.shared.core.ledger import LedgerCache, reminder_source
+from dsh_schedule.shared.core.ledger import ledger_of, reminder_source
 from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
@@ -80,6 +79,7 @@ class _Decided:
         self.busy: list[str] = []
         self.failed: list[str] = []
         self.unwritable: dict[str, PersistenceError] = {}
+        self.looked: list[str] = []  # the agents whose entries were looked at, locked
         self.outage: redis.RedisError | None = None  # what interrupted the round
 
 
@@ -95,14 +95,12 @@ class DeliveryGate:
         *,
         clock: Clock,
         consumer: str,
-        ledgers: LedgerCache,
     ) -> None:
         self._store = store
         self._coord = coordination
         self._settings = settings
         self._clock = clock
         self._consumer = consumer
-        self._ledgers = ledgers
 
 
     def has_followup(self, agent: str) -> bool:
@@ -149,42 +147,23 @@ class DeliveryGate:
     def deliver_many(self, agents: Sequence[str]) -> DeliveryRound:
         """``deliver_next`` for many agents whose turns the caller holds, at most one
         delivery each, with the round trips shared: their streams read in one or two
-        pipelined calls (``Followups.read_many``), their free locks taken together, every
-        decided entry acknowledged together. Each entry still passes the gate on its own,
-        under its agent's lock, with its own fenced append and barrier flush. An agent
-        whose lock was busy (a due transaction is finishing) is then served alone, waiting
-        for its lock as ``deliver_next`` does. Call again with ``again`` until it is
-        empty."""
-        reads = self._coord.followups.read_each(agents, self._consumer)
+        pipelined calls (``Followups.read_streams``), their free locks taken together,
+        every decided entry acknowledged together. Each entry still passes the gate on
+        its own, under its agent's lock, with its own fenced append and barrier flush. An
+        agent whose lock was busy (a due transaction is finishing) is then served alone,
+        waiting for its lock as ``deliver_next`` does. Call again with ``again`` until it
+        is empty."""
+        reads = self._coord.followups.read_streams(agents, self._consumer)
         read = {agent: found.entries for agent, found in reads.items()}
         with_entries = [agent for agent, entries in read.items() if entries]
         decided = _Decided()
-        with self._coord.locks.hold_many(with_entries) as held:
-            # Every gate flushes first: together here, so each gate's own flush finds
-            # nothing left to do. A failed one stops its agent: a flush that succeeds
-            # after a failed one does not prove the earlier bytes durable.
-            unflushed = flush_each(self._store, [a for a in with_entries if a in held])
-            for agent in with_entries:
-                if agent in unflushed and disk_outage_errno(unflushed[agent]):
-                    decided.unwritable[agent] = unflushed[agent]
-                elif agent in unflushed:
-                    log.warning("delivery preflight for %s failed: %s", agent,
-                                unflushed[agent].reason)
-                    decided.failed.append(agent)
-                elif agent in held:
-                    self._decide(agent, reads[agent], decided, barrier=False)
-            for agent, exc in flush_each(self._store, decided.delivered).items():
-                # The message is appended: the turn must run. The next preflight confirms
-                # its durability.
-                log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
-        alone = [agent for agent in with_entries if agent not in held]
-        for index, agent in enumerate(alone):
-            try:
-                self._decide(agent, reads[agent], decided, barrier=True)
-            except redis.RedisError as exc:  # an outage (``_decide`` raises no other)
-                decided.outage = exc
-                decided.busy.extend(alone[index:])
-                break
+        try:
+            decided.busy = self._coord.locks.each_held(
+                with_entries, lambda held: self._decide_held(held, reads, decided),
+                wait_s=self._settings.tool_lock_wait_s)
+        except redis.RedisError as exc:  # an outage (``_decide`` raises no other)
+            decided.outage = exc
+            decided.busy = [agent for agent in with_entries if agent not in decided.looked]
         try:
             self._coord.followups.done_many(decided.entries)
         except redis.RedisError as exc:
@@ -200,26 +179,42 @@ class DeliveryGate:
             unwritable=decided.unwritable,
         )
 
-    def _decide(self, agent: str, read: StreamRead, decided: _Decided, *,
-                barrier: bool) -> None:
-        """Gate ``entries`` in order until one is delivered, noting what was decided. With
-        ``barrier``, each gate takes the agent's lock itself (waiting for it) and flushes
-        after a delivery; else the caller holds the lock and flushes."""
+    def _decide_held(self, agents: list[str], reads: dict[str, StreamRead],
+                     decided: _Decided) -> None:
+        """Gate the entries of ``agents``, whose locks the caller holds: every gate flushes
+        first, together here, so each gate's own flush finds nothing left to do, and the
+        barrier flushes of the deliveries run together after. A failed preflight stops
+        its agent: a flush that succeeds after a failed one does not prove the earlier
+        bytes durable."""
+        decided.looked.extend(agents)
+        unflushed = flush_each(self._store, agents)
+        for agent in agents:
+            if agent in unflushed and disk_outage_errno(unflushed[agent]):
+                decided.unwritable[agent] = unflushed[agent]
+            elif agent in unflushed:
+                log.warning("delivery preflight for %s failed: %s", agent,
+                            unflushed[agent].reason)
+                decided.failed.append(agent)
+            else:
+                self._decide(agent, reads[agent], decided)
+        delivered = [agent for agent in agents if agent in decided.delivered]
+        for agent, exc in flush_each(self._store, delivered).items():
+            # The message is appended: the turn must run. The next preflight confirms
+            # its durability.
+            log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
+
+    def _decide(self, agent: str, read: StreamRead, decided: _Decided) -> None:
+        """Gate ``entries`` in order until one is delivered, noting what was decided; the
+        caller holds the agent's lock and flushes before and after."""
         left = len(read.entries)
         try:
             for entry in read.entries:
-                if barrier:
-                    delivery = self._gate(agent, entry)
-                else:
-                    delivery = self._gate_held(agent, entry, barrier=False)
+                delivery = self._gate_held(agent, entry, own_flushes=False)
                 decided.entries.append((agent, entry.entry_id))
                 left -= 1
                 if delivery is not None:
                     decided.delivered[agent] = delivery
                     break
-        except LockUnavailable:
-            decided.busy.append(agent)
-            return
         except Exception as exc:
             if is_outage(exc):
                 raise
@@ -237,20 +232,22 @@ class DeliveryGate:
 
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
         with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
-            return self._gate_held(agent, entry, barrier=True)
+            return self._gate_held(agent, entry, own_flushes=True)
 
-    def _gate_held(self, agent: str, entry: FollowupEntry, *, barrier: bool) -> Delivery | None:
-        """The gate for one entry, the agent's lock held. ``barrier``: flush before
+    def _gate_held(
+        self, agent: str, entry: FollowupEntry, *, own_flushes: bool
+    ) -> Delivery | None:
+        """The gate for one entry, the agent's lock held. ``own_flushes``: flush before
         deciding and after a delivery; without it the caller does both, for many agents
         at once."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
             delivery = retry_fenced(
                 f"delivery for {agent}",
-                # The caller without a barrier has flushed already; a retry flushes anew,
-                # to confirm the conflicting writer's suffix.
-                lambda n: self._deliver(agent, entry, preflight=barrier or n > 0,
-                                        barrier=barrier),
+                # A caller that flushes has flushed already; a retry flushes anew, to
+                # confirm the conflicting writer's suffix.
+                lambda n: self._deliver(agent, entry, preflight=own_flushes or n > 0,
+                                        barrier=own_flushes),
             )
         recorder = metrics.get()
         if recorder.enabled:
@@ -271,7 +268,7 @@ class DeliveryGate:
         if preflight:
             self._store.flush(agent)
         session, _state = self._store.load(agent)
-        ledger = self._ledgers.ledger(agent, session)
+        ledger = ledger_of(session)
         if not ledger.deliverable(entry.pairs):
             # No dispatch covers it (an abandoned attempt), it is already delivered, or it
             # is not the complete batch the log recorded.

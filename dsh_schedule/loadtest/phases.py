@@ -87,9 +87,9 @@ class RecordingFollowups(Followups):
         self.written_ms: dict[tuple[str, Pair], int] = {}
         self._lock = threading.Lock()
 
-    def read_each(self, agents: Sequence[str], consumer: str, *,
+    def read_streams(self, agents: Sequence[str], consumer: str, *,
                   count: int = READ_COUNT) -> dict[str, StreamRead]:
-        found = super().read_each(agents, consumer, count=count)
+        found = super().read_streams(agents, consumer, count=count)
         for agent, read in found.items():
             self._note(agent, read.entries)
         return found

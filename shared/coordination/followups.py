@@ -26,7 +26,7 @@ import msgspec
 import redis
 
 from dsh_schedule.shared.coordination.keys import STREAM_GROUP, Keys
-from dsh_schedule.shared.coordination.scripts import run_script_batch
+from dsh_schedule.shared.coordination.scripts import lua, run_script_batch
 from dsh_schedule.shared.core.ledger import Pair
 
 READY_MAXLEN: Final = 10_000
@@ -49,104 +49,18 @@ __all__ = [
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 _PAIRS_ENCODER: Final = msgspec.json.Encoder()
 
-# KEYS[1] the agent's followup stream; ARGV[1] the frame text, ARGV[2] the pairs (compact
-# JSON), ARGV[3] the consumer group. Returns the entry id.
-# A new stream is created with its consumer group, so the host's first read of it finds
-# the group; a host that finds none (a stream from before) creates it then.
-_ADD = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[3], '0', 'MKSTREAM')
-end
-return redis.call('XADD', KEYS[1], '*', 'text', ARGV[1], 'pairs', ARGV[2])
-"""
+_ADD: Final = lua("followup_add")  # lua/followup_add.lua
 
-# KEYS[1] the lease-queue hash, KEYS[2] the ready stream of the queue the caller found in
-# the hash (not touched when it found none). ARGV[1] the agent, ARGV[2] the queue the
-# caller found ('' for none), ARGV[3] the ready stream's length limit.
-# Returns {1} when the agent is announced on the queue its lease names (or has no lease);
-# {0, the queue the hash names now, or ''} when that is not ARGV[2]: nothing is written,
-# and the caller tries again with that queue's ready key.
-_ANNOUNCE = """
-local queue = redis.call('HGET', KEYS[1], ARGV[1]) or ''
-if queue ~= ARGV[2] then
-  return {0, queue}
-end
-if queue ~= '' then
-  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[3], '*', 'agent', ARGV[1])
-end
-return {1}
-"""
+_ANNOUNCE: Final = lua("announce")  # lua/announce.lua
 
-# KEYS[2i-1] an agent's followup stream, KEYS[2i] the ready stream of that agent's queue.
-# ARGV[1] the stale age in ms, ARGV[2] the ready stream's length limit, ARGV[1+i] the agent.
-# Announces each agent again whose oldest entry was added at least ARGV[1] ms ago by the
-# server's clock (the first part of a stream id is the server's epoch ms). Returns the
-# positions (i) of the agents it announced.
-_ANNOUNCE_STALE = """
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local announced = {}
-for i = 1, #KEYS / 2 do
-  local first = redis.call('XRANGE', KEYS[2 * i - 1], '-', '+', 'COUNT', 1)[1]
-  if first and now_ms - tonumber(string.match(first[1], '^(%d+)')) >= tonumber(ARGV[1]) then
-    redis.call('XADD', KEYS[2 * i], 'MAXLEN', ARGV[2], '*', 'agent', ARGV[2 + i])
-    announced[#announced + 1] = i
-  end
-end
-return announced
-"""
+_ANNOUNCE_STALE: Final = lua("announce_stale")  # lua/announce_stale.lua
 
 
-# KEYS[1] an agent's followup stream; ARGV[1] the consumer group, ARGV[2] an entry id.
-# Acknowledges and deletes the entry.
-_DONE = """
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return redis.call('XDEL', KEYS[1], ARGV[2])
-"""
+_DONE: Final = lua("followup_done")  # lua/followup_done.lua
 
-# KEYS[1] an agent's followup stream; ARGV[1] the consumer group, ARGV[2] the consumer,
-# ARGV[3] the most entries to read. This consumer's unacknowledged entries (an entry
-# deleted since comes without fields), else its new ones: {1, {{id, {field, value, ...}},
-# ...}, drained}, drained 1 when they were new ones and fewer than ARGV[3] (the read took
-# every entry the stream held); {0, the error, 0} when the stream or its group is missing.
-_READ = """
-local function read(start)
-  local reply = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
-                            'STREAMS', KEYS[1], start)
-  if type(reply) == 'table' and reply['err'] then
-    return nil, reply['err']
-  end
-  if not reply or not reply[1] then
-    return {}
-  end
-  if type(reply[1]) == 'table' then
-    reply = reply[1]  -- {{stream, entries}}; the embedded server leaves out the outer list
-  end
-  return reply[2] or {}
-end
-local entries, err = read('0')
-if err then
-  return {0, err, 0}
-end
-for _, entry in ipairs(entries) do
-  if entry[2] then
-    return {1, entries, 0}
-  end
-end
-entries, err = read('>')
-if err then
-  return {0, err, 0}
-end
-if #entries < tonumber(ARGV[3]) then
-  return {1, entries, 1}
-end
-return {1, entries, 0}
-"""
+_READ: Final = lua("followup_read")  # lua/followup_read.lua
 
-# KEYS[1] an agent's followup stream. Its length.
-_XLEN = """
-return redis.call('XLEN', KEYS[1])
-"""
+_XLEN: Final = lua("followup_length")  # lua/followup_length.lua
 
 
 def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> FollowupEntry:
@@ -280,23 +194,16 @@ class Followups:
         with no stream has nothing to read, and is left without one: an idle live agent
         holds no empty stream.
         """
-        return self.read_each([agent], consumer, count=count)[agent].entries
+        return self.read_streams([agent], consumer, count=count)[agent].entries
 
-    def read_many(
-        self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
-    ) -> dict[str, list[FollowupEntry]]:
-        """``read`` (without blocking) for many agents, in one script call: for each, this
-        consumer's unacknowledged entries, else its new ones."""
-        return {agent: read.entries
-                for agent, read in self.read_each(agents, consumer, count=count).items()}
-
-    def read_each(
+    def read_streams(
         self, agents: Sequence[str], consumer: str, *, count: int = READ_COUNT
     ) -> dict[str, StreamRead]:
-        """``read_many``, saying for each agent whether the read took every entry its
-        stream held for this consumer then (``drained``; never said of a stream that had
-        no consumer group yet). A stream without a consumer group yet gets one, as
-        ``read`` says, and is read again."""
+        """``read`` (without blocking) for many agents, in one script call: for each, this
+        consumer's unacknowledged entries, else its new ones, and whether the read took
+        every entry its stream held for this consumer then (``drained``; never said of a
+        stream that had no consumer group yet). A stream without a consumer group yet
+        gets one, as ``read`` says, and is read again."""
         pending = list(dict.fromkeys(agents))
         found, ungrouped = self._read_script(pending, consumer, count)
         streams = [agent for agent in ungrouped

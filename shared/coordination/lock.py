@@ -11,42 +11,28 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Final, TypeVar
 
 import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import LockError
+from redis.lock import Lock
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import queue_script, run_script_batch
+from dsh_schedule.shared.coordination.scripts import lua, queue_script, run_script_batch
 from dsh_schedule.shared.core.errors import ScheduleError
 
 log = logging.getLogger(__name__)
 
-# KEYS the lock keys of a batch; ARGV[1] the batch's token. Deletes each key that still
-# holds the token (one a lock of the same key taken over after expiry is left alone).
-_RELEASE_MANY = """
-local released = 0
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    released = released + 1
-  end
-end
-return released
-"""
+R = TypeVar("R")
+
+_RELEASE_MANY: Final = lua("lock_release_many")  # lua/lock_release_many.lua
 
 
-# KEYS[1] a lock key; ARGV[1] the batch's token, ARGV[2] the TTL in ms. The same
-# ``SET NX PX`` a single lock takes; 1 when taken, 0 when the lock is busy.
-_TAKE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-return 0
-"""
+_TAKE: Final = lua("lock_take")  # lua/lock_take.lua
 
 
 class LockUnavailable(ScheduleError):
@@ -96,6 +82,14 @@ class AgentLocks:
         confirmed stays confirmed. The block may release the lock itself, with its last
         writes (``HeldLock.release_on``).
         """
+        lock = self._acquired(agent, wait_s)
+        if lock is None:
+            raise LockUnavailable(agent)
+        with self._holding(agent, lock) as held:
+            yield held
+
+    def _acquired(self, agent: str, wait_s: float) -> Lock | None:
+        """The agent's lock once had within ``wait_s``; None when it stayed busy."""
         lock = self._client.lock(
             self._keys.lock(agent),
             timeout=self._ttl_s,
@@ -104,8 +98,10 @@ class AgentLocks:
             sleep=0.01,
             thread_local=False,
         )
-        if not lock.acquire():
-            raise LockUnavailable(agent)
+        return lock if lock.acquire() else None
+
+    @contextmanager
+    def _holding(self, agent: str, lock: Lock) -> Iterator[HeldLock]:
         held = HeldLock(self._keys.lock(agent), lock.local.token, self._release_many)
         try:
             yield held
@@ -119,14 +115,43 @@ class AgentLocks:
                     log.warning("lock of %s not released (%s); it expires in %g s",
                                 agent, type(exc).__name__, self._ttl_s)
 
+    def each_held(
+        self, agents: Sequence[str], work: Callable[[list[str]], R], *, wait_s: float,
+        released: Callable[[R], None] | None = None,
+    ) -> list[str]:
+        """Run ``work`` on ``agents`` with their locks held: once on those whose locks are
+        free, taken together (``hold_free``), then once on each busy one alone, its lock
+        had within ``wait_s``. ``released`` gets each run's result once that run's locks
+        are let go. Returns the agents whose lock stayed busy (``work`` never saw them).
+        The first mention of an agent named twice counts."""
+        agents = list(dict.fromkeys(agents))
+        with self.hold_free(agents) as free:
+            result = work([agent for agent in agents if agent in free])
+        if released is not None:
+            released(result)
+        busy: list[str] = []
+        for agent in agents:
+            if agent in free:
+                continue
+            lock = self._acquired(agent, wait_s)
+            if lock is None:
+                busy.append(agent)
+                continue
+            with self._holding(agent, lock):
+                result = work([agent])
+            if released is not None:
+                released(result)
+        return busy
+
     @contextmanager
-    def hold_many(self, agents: Sequence[str]) -> Iterator[set[str]]:
+    def hold_free(self, agents: Sequence[str]) -> Iterator[set[str]]:
         """Hold, for the block, the locks of those ``agents`` that are free now; yields
         the agents whose lock is held (the others are busy: no waiting here).
 
         One script call takes them (the same ``SET NX PX`` a single lock takes, under one
-        token for the batch), one more releases them. The release, like
-        ``hold``'s, is never an error: an unreachable Redis lets the locks expire by TTL.
+        token for the batch), one more releases them; none is sent for no agents. The
+        release, like ``hold``'s, is never an error: an unreachable Redis lets the locks
+        expire by TTL.
         """
         token = uuid.uuid4().hex
         keys = {agent: self._keys.lock(agent) for agent in dict.fromkeys(agents)}

@@ -14,13 +14,28 @@ Python on every command it packs and parses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
+from importlib import resources
 from typing import Any, Final
 
 import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.typing import EncodableT, KeyT
+
+_LUA: Final = resources.files("dsh_schedule.shared.coordination") / "lua"
+
+
+@functools.cache
+def lua(name: str) -> str:
+    """The script of ``lua/<name>.lua``, read once: its body, without the header comment
+    that names its KEYS and ARGV (only the body is sent to Redis)."""
+    lines = (_LUA / f"{name}.lua").read_text(encoding="utf-8").splitlines(keepends=True)
+    start = 0
+    while start < len(lines) and lines[start].startswith("--"):
+        start += 1
+    return "".join(lines[start:])
 
 
 def queue_script(
@@ -32,26 +47,8 @@ def queue_script(
     pipe.eval(text, len(keys), *keys, *args)
 
 
-# The wrapper that runs a per-item script body once per item of a batch, in one call.
-# ARGV[1] keys per item, ARGV[2] arguments per item, ARGV[3] the number of items; item i's
-# keys and arguments follow in order. Each item's reply is the body's (nil becomes false,
-# Redis's nil), in the order of the items.
-_BATCH = """
-local nk, na, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local function one(KEYS, ARGV)
-%s
-end
-local replies = {}
-for i = 0, n - 1 do
-  local keys, args = {}, {}
-  for j = 1, nk do keys[j] = KEYS[i * nk + j] end
-  for j = 1, na do args[j] = ARGV[3 + i * na + j] end
-  local reply = one(keys, args)
-  if reply == nil then reply = false end
-  replies[i + 1] = reply
-end
-return replies
-"""
+_BATCH: Final = lua("batch")  # lua/batch.lua
+_BATCH_ITEM: Final = "  -- (the item's script)\n"
 
 _batched: dict[str, str] = {}
 
@@ -67,7 +64,7 @@ def batch_source(body: str) -> str:
     keys in ``KEYS`` and arguments in ``ARGV``) for every item of a batch."""
     source = _batched.get(body)
     if source is None:
-        source = _batched[body] = _BATCH % body
+        source = _batched[body] = _BATCH.replace(_BATCH_ITEM, body + "\n")
     return source
 
 

@@ -1,109 +1,280 @@
-"""The wake projection on rq-scheduler (docs/architecture.md#wake-projection).
+"""The wake projection on rq-scheduler, in one place (docs/architecture.md#wake-projection):
+what a wake is to rq, arming, and the mover; its scripts are the ``lua/`` files this module
+names.
 
 Each live agent with work has one *current* wake: an rq-scheduler job scheduled at its
 next decision time on the queue beside its session store, scored at that time's exact
-millisecond (``target_ms / 1000`` epoch seconds). Arming happens under the per-agent lock.
-A wake id that may be queued or running is never re-scheduled (rq's success handling
-would overwrite or delete it): a new id is used instead. The mover (``mover``) hands a
-wake on only once its target has come on the mover's clock, never before. Immediate wakes
-(a new lease, a released phase, a rebuild) are plain rq jobs with rq's own ids. What a
-wake is to rq (its job functions, id, score and batches) lives in ``wakejobs``.
+millisecond (``target_ms / 1000`` epoch seconds). Arming happens under the per-agent lock
+(``WakeProjection.rearm``). A wake id that may be queued or running is never re-scheduled
+(rq's success handling would overwrite or delete it): a new id is used instead. The mover
+(``PrefixedScheduler``) hands a wake on only once its target has come on the mover's
+clock, never before, in batched ``wake_batch`` jobs shared among a queue's workers.
+Immediate wakes (a new lease, a released phase, a rebuild) are plain rq jobs with rq's own
+ids. What a wake is to rq (its job functions, id, score and batches) is shared by the
+arming side, the mover and the worker.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
+import msgspec
 import redis
 from redis.client import Pipeline
-from rq import Queue
+from rq import Queue, worker_registration
+from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
 from dsh_schedule.shared.clock import wall_clock_ms
+from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.mover import PrefixedScheduler
+from dsh_schedule.shared.coordination.leases import Leases
+from dsh_schedule.shared.coordination.lock import HeldLock
 from dsh_schedule.shared.coordination.scripts import (
     SCRIPT_BATCH_MAX,
     batch_replies,
+    lua,
     queue_script_batch,
+    run_script_batch,
 )
-from dsh_schedule.shared.coordination.wakejobs import (
-    WAKE_BATCH,
-    WAKE_FUNC,
-    WAKE_TIMEOUT_S,
-    ImmediateWakes,
-    batch_job,
-    wake_job_id,
-    wake_score,
-)
+from dsh_schedule.shared.core.due import next_wake_ms
+from dsh_schedule.shared.core.fold import FoldState
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from rq_scheduler import Scheduler
+
+# rq-scheduler samples datetime.utcnow(), deprecated on newer Pythons; silence that
+# module's warning only.
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"rq_scheduler(\..*)?")
 
 log = logging.getLogger(__name__)
 
 
-# KEYS[1] the agent's current-wake pointer, KEYS[2] rq-scheduler's schedule, KEYS[3] the
-# job key a wake for the new target would take; ARGV[1] 1 when there is a new target.
-# Returns {the current wake id, its score, whether KEYS[3] exists (0 without a target)};
-# the first two false when absent (a current wake that is not scheduled has no score).
-_ARM_FACTS = """
-local current = redis.call('GET', KEYS[1])
-local score = false
-if current then
-  score = redis.call('ZSCORE', KEYS[2], current)
-end
-local taken = 0
-if ARGV[1] == '1' then
-  taken = redis.call('EXISTS', KEYS[3])
-end
-return {current, score, taken}
-"""
+# -- what a wake is to rq -----------------------------------------------------------------
+
+WAKE_FUNC: Final = "dsh_schedule.worker.job.wake"
+WAKE_BATCH_FUNC: Final = "dsh_schedule.worker.job.wake_batch"
+WAKE_ID_PREFIX: Final = "wake_"
+WAKE_BATCH: Final = 100
+WAKE_TIMEOUT_S: Final = 120
 
 
-# The writes of arming, for many agents in one call (``WakeProjection._write_arms``): for
-# each, a scheduled rq job (the hash rq's own ``Job.save`` writes), its score in the
-# schedule, the current-wake pointer, and the superseded wake's removal. Only a superseded
-# wake still waiting in the schedule is ours to delete; one already handed on (its job
-# hash deleted by the mover) is left alone: its batch runs, finds nothing due (or re-arms)
-# and ends. KEYS[1] the schedule; then per agent the new job hash, the current-wake
-# pointer, the superseded job hash (the new one when none). ARGV[1] S, then S field/value
-# pairs every job shares; then V, the V field names whose values differ from job to job;
-# then per agent its wake id, score, superseded wake id ('' for none) and V values.
-_ARM_WRITE = """
-local s = tonumber(ARGV[1])
-local v = tonumber(ARGV[2 + 2 * s])
-local base = 2 + 2 * s + v
-local per = 3 + v
-local n = (#ARGV - base) / per
--- The shared pairs and the own fields' names once; each wake fills in its own values.
-local fields = {}
-for j = 2, 1 + 2 * s do fields[#fields + 1] = ARGV[j] end
-for j = 1, v do fields[2 * s + 2 * j - 1] = ARGV[2 + 2 * s + j] end
-for i = 0, n - 1 do
-  local a = base + i * per
-  local id, previous = ARGV[a + 1], ARGV[a + 3]
-  for j = 1, v do fields[2 * s + 2 * j] = ARGV[a + 3 + j] end
-  redis.call('HSET', KEYS[2 + 3 * i], unpack(fields))
-  redis.call('ZADD', KEYS[1], ARGV[a + 2], id)
-  redis.call('SET', KEYS[3 + 3 * i], id)
-  if previous ~= '' and previous ~= id and redis.call('ZREM', KEYS[1], previous) == 1 then
-    redis.call('DEL', KEYS[4 + 3 * i])
-  end
-end
-return n
-"""
+def wake_score(target_ms: int) -> float:
+    """A wake's score in the schedule: its target in epoch seconds, to the millisecond."""
+    return target_ms / 1000
 
-# Nothing to arm, for one agent (``queue_script_batch`` runs it for many in one call).
-# KEYS[1] the schedule, KEYS[2] the current wake's job hash (the pointer when none), KEYS[3]
-# the agent's current-wake pointer, KEYS[4] its wake counter; ARGV[1] the current wake id
-# ('' for none), deleted as ``_ARM_WRITE`` deletes a superseded one.
-_RETIRE = """
-if ARGV[1] ~= '' and redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('DEL', KEYS[2])
-end
-redis.call('DEL', KEYS[3], KEYS[4])
-return 1
-"""
+
+def wake_job_id(agent: str, target_ms: int) -> str:
+    """``wake_<hex of agent id>_<epoch second>`` (rq ids allow only [A-Za-z0-9_-])."""
+    return f"wake_{agent.encode().hex()}_{target_ms // 1000}"
+
+
+class ScheduledWake(msgspec.Struct, frozen=True, array_like=True):
+    """A scheduled wake the mover handed on: the agent and the target it was armed for."""
+
+    agent: str
+    target_ms: int
+
+
+class DueWakes(msgspec.Struct, frozen=True, tag="due"):
+    """The mover's batch: scheduled wakes that came due, each handled on its own."""
+
+    wakes: tuple[ScheduledWake, ...]
+
+
+class ImmediateWakes(msgspec.Struct, frozen=True, tag="immediate"):
+    """A rebuild's batch: live agents woken now, decided together."""
+
+    agents: tuple[str, ...]
+
+
+WakeBatch = DueWakes | ImmediateWakes
+
+
+def batch_payload(batch: WakeBatch) -> dict[str, Any]:
+    """The rq job argument for a batch (plain JSON-able data, tagged by kind)."""
+    payload: dict[str, Any] = msgspec.to_builtins(batch)
+    return payload
+
+
+def decode_batch(payload: Any) -> WakeBatch:
+    """The batch of a ``wake_batch`` job; ``msgspec.ValidationError`` when malformed."""
+    batch: WakeBatch = msgspec.convert(payload, type=WakeBatch)
+    return batch
+
+
+def batch_job(batch: WakeBatch) -> Any:
+    """The rq enqueue data of a ``wake_batch`` job."""
+    return Queue.prepare_data(
+        WAKE_BATCH_FUNC, args=(batch_payload(batch),), result_ttl=0, timeout=WAKE_TIMEOUT_S * 10
+    )
+
+
+# -- the mover ----------------------------------------------------------------------------
+
+_TAKE_DUE: Final = lua("take_due")  # lua/take_due.lua
+# A mover call takes at most MOVE_TAKE due entries; it hands its wakes on to each queue in
+# as many jobs as the queue has workers, of at most MOVE_BATCH wakes each.
+MOVE_BATCH: Final = 500
+MOVE_TAKE: Final = 1000
+# How long the mover trusts its count of a queue's workers.
+WORKERS_TTL_S: Final = 10.0
+
+
+def move_batch_size(wakes: int, workers: int) -> int:
+    """How many of a mover call's ``wakes`` for one queue go in one job: an even share
+    for each of the queue's ``workers`` (one, when none is registered), at most
+    ``MOVE_BATCH``. A burst reaches every worker at once, in as few jobs as that takes:
+    each job's round trips to Redis are shared by all its wakes."""
+    return max(1, min(MOVE_BATCH, -(-wakes // max(1, workers))))
+
+
+class PrefixedScheduler(Scheduler):  # type: ignore[misc]
+    """rq-scheduler with its global keys under our prefix and an exact, batched mover.
+
+    ``move_due(now_ms)`` replaces rq-scheduler's pass (whole-second "now", one round trip
+    per job): a script takes up to ``MOVE_TAKE`` entries scored at or before ``now_ms``
+    per call, oldest first, removing each wake from the schedule and deleting its job hash
+    in the same step and returning the hash, so only the pass that took a wake hands it
+    on. Each call's wakes go to their queues in one pipelined write, in target order, as
+    ``wake_batch`` jobs: as many as the queue has workers, of at most ``MOVE_BATCH``
+    wakes each (``move_batch_size``). A due job that is not one of our
+    wakes is left to rq-scheduler's own ``enqueue_job``, exactly as its pass would move
+    it. ``enqueue_jobs()`` is that pass at the wall clock.
+    """
+
+    def __init__(self, keys: Keys, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scheduled_jobs_key = keys.scheduled_jobs()
+        self.scheduler_lock_key = keys.scheduler_lock()
+        self.scheduler_key = keys.scheduler()
+        self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
+        self.next_due_ms: int | None = None
+        self._take_due = self.connection.register_script(_TAKE_DUE)
+        self._workers: dict[str, tuple[float, int]] = {}  # queue -> (read at, count)
+
+    def enqueue_jobs(self) -> int:
+        """rq-scheduler's pass, made exact: ``move_due`` at the wall clock."""
+        return self.move_due(wall_clock_ms())
+
+    def move_due(self, now_ms: int) -> int:
+        """Hand on every job scored at or before ``now_ms``; how many were handed on.
+
+        Round trips: one script call per ``MOVE_TAKE`` due entries plus one pipelined
+        write per call that took wakes, whatever the size of the burst (a job that is not
+        a wake costs what rq-scheduler's own pass costs). A mover that fails between a
+        call and its write loses at most that call's wakes, and the reconcile pass wakes
+        every live agent again. Afterwards ``next_due_ms`` is the earliest score left in
+        the schedule (None: nothing left).
+        """
+        moved = 0
+        others_moved: set[str] = set()
+        while True:
+            taken: Any = self._take_due(
+                keys=[self.scheduled_jobs_key],
+                args=[repr(wake_score(now_ms)), MOVE_TAKE, Job.redis_job_namespace_prefix,
+                      WAKE_ID_PREFIX],
+            )
+            next_score, entries = taken
+            self.next_due_ms = None if not next_score else round(float(next_score) * 1000)
+            wakes: list[tuple[str, ScheduledWake]] = []
+            others: list[str] = []
+            for entry in entries:
+                job_id = entry[0].decode()
+                if len(entry) == 1:
+                    others.append(job_id)
+                    continue
+                try:
+                    job = self._restored(job_id, entry[1])
+                    if job is None:
+                        continue  # an entry without its job: dropped, as rq-scheduler does
+                    if job.func_name != WAKE_FUNC:
+                        self.enqueue_job(job)  # not ours after all: rq-scheduler's way
+                        moved += 1
+                        continue
+                    agent, target_ms = job.args
+                except redis.RedisError:
+                    raise
+                except Exception:
+                    # One unreadable job spares the rest of the chunk.
+                    log.exception("scheduled job %s is unreadable: dropped", job_id)
+                    continue
+                wakes.append((job.origin, ScheduledWake(agent, target_ms)))
+            moved += self._hand_on(wakes)
+            repeated = False
+            for job_id in others:
+                if job_id in others_moved:
+                    repeated = True  # a repeating job due again: the next pass moves it
+                    continue
+                moved += self._enqueue_other(job_id)
+                others_moved.add(job_id)
+            if len(entries) < MOVE_TAKE or repeated:
+                return moved
+
+    def _restored(self, job_id: str, flat_hash: list[bytes]) -> Job | None:
+        if not flat_hash:
+            return None
+        job = Job(id=job_id, connection=self.connection)
+        job.restore(dict(zip(flat_hash[::2], flat_hash[1::2], strict=True)))
+        return job
+
+    def _hand_on(self, wakes: list[tuple[str, ScheduledWake]]) -> int:
+        """Enqueue taken wakes in one pipelined write: per queue, in target order, in
+        ``wake_batch`` jobs sized to the queue's workers (``move_batch_size``)."""
+        if not wakes:
+            return 0
+        by_queue: dict[str, list[ScheduledWake]] = {}
+        for queue_name, wake in wakes:
+            by_queue.setdefault(queue_name, []).append(wake)
+        sizes = {name: move_batch_size(len(items), self._worker_count(name))
+                 for name, items in by_queue.items()}
+        with self.connection.pipeline() as pipe:
+            for queue_name, items in by_queue.items():
+                items.sort(key=lambda wake: wake.target_ms)
+                size = sizes[queue_name]
+                chunks = [items[i : i + size] for i in range(0, len(items), size)]
+                Queue(queue_name, connection=self.connection).enqueue_many(
+                    [batch_job(DueWakes(wakes=tuple(chunk))) for chunk in chunks],
+                    pipeline=pipe,
+                )
+            pipe.execute()
+        return len(wakes)
+
+    def _worker_count(self, queue_name: str) -> int:
+        """How many rq workers serve ``queue_name``, read at most every ``WORKERS_TTL_S``
+        (a worker that died unregistered still counts until rq cleans it up)."""
+        now = time.monotonic()
+        known = self._workers.get(queue_name)
+        if known is not None and now - known[0] < WORKERS_TTL_S:
+            return known[1]
+        count = int(self.connection.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue_name))
+        self._workers[queue_name] = (now, count)
+        return count
+
+    def _enqueue_other(self, job_id: str) -> int:
+        """A due job that is not a wake, moved as rq-scheduler's own pass moves it."""
+        try:
+            job = self.job_class.fetch(job_id, connection=self.connection)
+        except NoSuchJobError:
+            self.cancel(job_id)
+            return 0
+        self.enqueue_job(job)
+        return 1
+
+
+# -- arming -------------------------------------------------------------------------------
+
+_ARM_FACTS: Final = lua("arm_facts")  # lua/arm_facts.lua
+
+_ARM_WRITE: Final = lua("arm_write")  # lua/arm_write.lua
+_RETIRE: Final = lua("retire")  # lua/retire.lua
+_LEASE_AND_OLDEST: Final = lua("lease_and_oldest")  # lua/lease_and_oldest.lua
+_PROJECTION: Final = lua("projection")  # lua/projection.lua
 
 # The fields of a wake's job hash that differ from one wake to the next; every other field
 # is the same for every wake of one arming call, and is sent once.
@@ -136,10 +307,29 @@ class ArmFacts(NamedTuple):
     taken: bool
 
 
+class Projection(NamedTuple):
+    """What Redis holds for one agent's wake and followups, as the reconcile pass checks it.
+
+    ``wake``: the current-wake pointer (None: no current wake). ``wake_held``: that wake's
+    job is in the schedule or its rq job hash exists. ``oldest_followup_ms``: when (server
+    epoch ms) the oldest entry still in its followup stream was added (None: empty).
+    """
+
+    wake: str | None
+    wake_held: bool
+    oldest_followup_ms: int | None
+
+
 class WakeProjection:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    """Arms, moves and reads the wakes of one deployment's agents."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, *, leases: Leases,
+                 followups: Followups, followup_stale_ms: int) -> None:
         self._client = client
         self._keys = keys
+        self._leases = leases
+        self._followups = followups
+        self._followup_stale_ms = followup_stale_ms
         # rq-scheduler's mover lock expires ``interval + 10`` s after it was taken: a
         # scheduler that dies holding it stalls the others' movers no longer than that.
         self.scheduler = PrefixedScheduler(keys, connection=client, interval=1)
@@ -150,6 +340,84 @@ class WakeProjection:
 
     def is_scheduled(self, job_id: str) -> bool:
         return self._client.zscore(self.scheduler.scheduled_jobs_key, job_id) is not None
+
+    def rearm_many(
+        self, folds: Sequence[tuple[str, FoldState]], now_ms: int, *,
+        release: HeldLock | None = None,
+    ) -> list[str | None]:
+        """Arm each agent's wake at its next decision time (``next_wake_ms``); hold every
+        agent's lock. Only a live agent is armed, on the queue its lease names; with
+        ``release``, the lock is released in the arm's own write. Each agent's current
+        wake id (None: not live, or nothing to wake for).
+
+        Re-arming also restores the other half of the followup projection: a live agent
+        whose stream still holds an entry older than ``followup_stale_s`` is announced
+        again on its queue's ready stream (its first announcement, or the host holding it,
+        was lost), so the reconcile pass repairs a lost announcement by enqueueing a wake.
+        """
+        if not folds:
+            return []
+        targets = [(agent, next_wake_ms(state, now_ms)) for agent, state in folds]
+        # One read for everything arming and announcing need: the server's clock, and per
+        # agent its lease and queue, its oldest followup entry (one script call per
+        # hundred agents), its current wake (``queue_arm_facts``).
+        live, lease_queue = self._keys.live(), self._keys.lease_queue()
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.time()
+            calls = queue_script_batch(pipe, _LEASE_AND_OLDEST, [
+                ([live, lease_queue, self._keys.followups(agent)], [agent])
+                for agent, _target in targets
+            ])
+            fact_calls = self.queue_arm_facts(pipe, targets)
+            replies = iter(pipe.execute())
+        seconds, micros = next(replies)
+        server_ms = int(seconds) * 1000 + int(micros) // 1000
+        leases = batch_replies(replies, calls)
+        all_facts = self.arm_facts(replies, fact_calls)
+        requests: list[ArmRequest] = []
+        facts: list[ArmFacts] = []
+        stale_by_queue: dict[str, list[str]] = {}
+        for (agent, target_ms), (score, queue, oldest), fact in zip(
+                targets, leases, all_facts, strict=True):
+            found = self._leases.live_queue_reply(None if score is None else float(score),
+                                                 queue, now_ms=now_ms)
+            if found is None:
+                continue  # not live: nothing is armed
+            requests.append(ArmRequest(agent, target_ms, found))
+            facts.append(fact)
+            if oldest and server_ms - stream_id_ms(_text(oldest)) >= self._followup_stale_ms:
+                stale_by_queue.setdefault(found, []).append(agent)
+        armed = dict(zip(
+            (r.agent for r in requests),
+            self.arm_many(requests, facts=facts,
+                                then=release.release_on if release is not None else None),
+            strict=True,
+        ))
+        if release is not None:
+            release.released_by_pipeline()
+        if stale_by_queue:
+            # The script checks each stream's age again, atomically.
+            announced = self._followups.announce_stale(
+                stale_by_queue, older_than_ms=self._followup_stale_ms
+            )
+            if announced:
+                log.info("announced %d stale followup stream(s) again", len(announced))
+        return [armed.get(agent) for agent, _state in folds]
+
+    def projections(self, agents: Sequence[str]) -> list[Projection]:
+        """The ``Projection`` of each agent, in one round trip however many agents (one
+        script call per hundred; the caller bounds the batch); it reads only."""
+        if not agents:
+            return []
+        scheduled, job_prefix = self.scheduler.scheduled_jobs_key, Job.key_for("")
+        replies = run_script_batch(self._client, _PROJECTION, [
+            ([self._keys.current_wake(agent), self._keys.followups(agent), scheduled],
+             [job_prefix])
+            for agent in agents
+        ])
+        return [Projection(_text(wake) if wake is not None else None, bool(held),
+                           stream_id_ms(_text(first)) if first is not None else None)
+                for wake, first, held in replies]
 
     def arm(self, agent: str, target_ms: int | None, queue: str) -> str | None:
         """Make ``target_ms`` the agent's one current wake (None: no wake). Hold the lock."""
@@ -323,3 +591,7 @@ class WakeProjection:
         on in an rq job of its own, and under load rq's per-job cost then makes wakes
         later, not earlier."""
         return self.scheduler.next_due_ms
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

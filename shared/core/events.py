@@ -6,13 +6,11 @@ from __future__ import annotations
 import itertools
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Final, overload
+from typing import Any, Final, overload
 
 import msgspec
 
-if TYPE_CHECKING:
-    # Only for the annotation: the ledger module builds on this one.
-    from dsh_schedule.shared.core.ledger import LedgerView
+from dsh_schedule.shared.core.delivered import LedgerView
 
 SCHEDULE_CHANGE: Final = "schedule/change"
 USER_MESSAGE: Final = "user/message"

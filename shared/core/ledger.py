@@ -5,83 +5,28 @@ The ledger replays the fork's own suffix once and can be continued with new even
 the host's delivery gate and the worker's re-projection cost only the new tail. It keeps
 what they ask about, not the log: the undelivered dispatch groups with the prompts their
 frame shows, the group a batch may still continue, and the replay (the fold) itself.
-Delivered groups are counted and forgotten. ``LedgerView`` is that answer frozen at one
-length; the stores hand one out with every session they load (``Session.ledger``).
+Delivered groups are counted and forgotten. ``LedgerView`` (``delivered``) is that answer
+frozen at one length; the stores hand one out with every session they load
+(``Session.ledger``), and ``ledger_of`` replays one for a session without it.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from typing import Any, Final
 
 import msgspec
 
+from dsh_schedule.shared.core.delivered import DispatchGroup as DispatchGroup
+from dsh_schedule.shared.core.delivered import LedgerView as LedgerView
+from dsh_schedule.shared.core.delivered import Pair as Pair
+from dsh_schedule.shared.core.delivered import Undelivered as Undelivered
 from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, Event, Session
 from dsh_schedule.shared.core.records import decode_change
 from dsh_schedule.shared.core.replay import FoldState, Replay
 
 SOURCE_PLUGIN: Final = "tool-schedule"
-
-
-class Pair(msgspec.Struct, frozen=True, kw_only=True):
-    """One delivered occurrence: which reminder, and which of its occurrences."""
-
-    scheduleId: str
-    occurrenceAt: str
-
-
-class DispatchGroup(msgspec.Struct, frozen=True, kw_only=True):
-    """Dispatches delivered as one message: a one-shot alone, or one recurring batch.
-
-    ``accepted_at`` is the batch's ``acceptedAt``; None for a one-shot.
-    """
-
-    seqs: tuple[int, ...]
-    pairs: tuple[Pair, ...]
-    accepted_at: str | None = None
-
-
-class Undelivered(msgspec.Struct, frozen=True, kw_only=True):
-    """A dispatch group no delivered message covers, with the prompt of each of its
-    records as dispatched (``prompts[i]`` belongs to ``group.pairs[i]``)."""
-
-    group: DispatchGroup
-    prompts: tuple[str, ...]
-
-
-class LedgerView(msgspec.Struct, frozen=True, kw_only=True):
-    """A ledger's answers at one log length: its undelivered groups, in log order.
-
-    Plain data: two views of the same log at the same length are equal, and a view never
-    changes when the log grows.
-    """
-
-    pending: tuple[Undelivered, ...] = ()
-
-    def undelivered(self) -> list[DispatchGroup]:
-        """Dispatch groups no delivered message covers, in log order."""
-        return [u.group for u in self.pending]
-
-    def deliverable(self, pairs: Iterable[Pair]) -> bool:
-        """Whether ``pairs`` are exactly one undelivered dispatch group: the complete
-        batch the log recorded, none of it delivered yet."""
-        wanted = set(pairs)
-        if not wanted:
-            return False
-        first = next(iter(wanted))
-        for undelivered in self.pending:
-            if first in undelivered.group.pairs:
-                return set(undelivered.group.pairs) == wanted
-        return False
-
-    def prompts(self, group: DispatchGroup) -> tuple[str, ...] | None:
-        """The prompts of ``group`` as dispatched; None when it is no undelivered group."""
-        for undelivered in self.pending:
-            if undelivered.group == group:
-                return undelivered.prompts
-        return None
 
 
 def reminder_source(pairs: Iterable[Pair]) -> dict[str, Any]:
@@ -233,32 +178,12 @@ def dispatch_groups(events: Iterable[Event], seed_length: int) -> list[DispatchG
     return [history.groups[n] for n in sorted(history.groups)]
 
 
-class LedgerCache:
-    """The ledger of each agent's session, for the delivery gate and re-projection.
-
-    A session a store loaded carries its ledger (``Session.ledger``): that one is
-    answered and nothing is kept here. For a session without one, one ledger per agent
-    is continued, so each call reads only the new tail.
-    """
-
-    def __init__(self) -> None:
-        self._ledgers: dict[str, Ledger] = {}
-        self._lock = threading.Lock()
-
-    def ledger(self, agent: str, session: Session) -> LedgerView:
-        """The ledger of ``session``'s own suffix, at exactly its length."""
-        with self._lock:
-            if session.ledger is not None:
-                self._ledgers.pop(agent, None)
-                return session.ledger
-            ledger = self._ledgers.get(agent)
-            seed = session.seed_length
-            if ledger is None or ledger.seed_length != seed or ledger.length > len(session.events):
-                ledger = Ledger(seed)
-            ledger.extend(session.events[ledger.length :])
-            self._ledgers[agent] = ledger
-            return ledger.view()
-
-    def forget(self, agent: str) -> None:
-        with self._lock:
-            self._ledgers.pop(agent, None)
+def ledger_of(session: Session) -> LedgerView:
+    """The ledger of ``session``'s own suffix, at exactly its length: the one its store
+    kept (``Session.ledger``), else replayed from its events. ScheduleLogError at a
+    record that does not replay."""
+    if session.ledger is not None:
+        return session.ledger
+    ledger = Ledger(session.seed_length)
+    ledger.extend(session.events)
+    return ledger.view()

@@ -101,25 +101,26 @@ def test_unacknowledged_entries_come_before_new_ones(followups: Followups) -> No
     assert ids(followups.read(AGENT, "host-1")) == [later]
 
 
-def test_read_each_reads_as_read_does_and_says_whether_it_emptied_the_stream(
+def test_read_streams_reads_as_read_does_and_says_whether_it_emptied_the_stream(
     followups: Followups, redis_client: redis.Redis, keys: Keys,
 ) -> None:
     first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
     # a stream from before its group came with its first entry: read alone, as read does
     second = redis_client.xadd(keys.followups("agent-2"), {"text": "t", "pairs": "[]"}).decode()
-    found = followups.read_each([AGENT, "agent-2", "agent-3"], "host-1", count=2)
+    found = followups.read_streams([AGENT, "agent-2", "agent-3"], "host-1", count=2)
     assert {a: (ids(r.entries), r.drained) for a, r in found.items()} == {
         AGENT: ([first], True), "agent-2": ([second], False), "agent-3": ([], False),
     }
     later = followups.add(AGENT, BATCH_TEXT, BATCH)
     # its unacknowledged entry first, not known to be the last; then the new ones
-    again = followups.read_each([AGENT], "host-1", count=2)[AGENT]
+    again = followups.read_streams([AGENT], "host-1", count=2)[AGENT]
     assert (ids(again.entries), again.drained) == ([first], False)
     followups.done(AGENT, first)
     more = [followups.add(AGENT, SINGLE_TEXT, SINGLE) for _ in range(2)]
-    full = followups.read_each([AGENT], "host-1", count=2)[AGENT]
+    full = followups.read_streams([AGENT], "host-1", count=2)[AGENT]
     assert (ids(full.entries), full.drained) == ([later, more[0]], False)  # count reached
-    assert followups.read_many([AGENT], "host-2") == {AGENT: followups.entries(AGENT)[2:]}
+    other = followups.read_streams([AGENT], "host-2")
+    assert {a: r.entries for a, r in other.items()} == {AGENT: followups.entries(AGENT)[2:]}
 
 
 def test_done_many_and_waiting_many_take_one_command_for_many_agents(

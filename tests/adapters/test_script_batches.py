@@ -50,3 +50,21 @@ def test_a_batch_larger_than_one_call_takes_is_split_and_answered_in_order(
     monkeypatch.setattr(scripts, "SCRIPT_BATCH_MAX", 3)
     items = [([f"k{i % 4}"], [1, 0]) for i in range(10)]
     assert run_script_batch(redis_client, _STEP, items) == [1, 1, 1, 1, 2, 2, 2, 2, 3, 3]
+
+
+def test_every_script_file_names_its_keys_and_arguments_and_only_its_body_is_sent() -> None:
+    for path in sorted(scripts.resources.files("dsh_schedule.shared.coordination")
+                       .joinpath("lua").iterdir()):
+        name = path.name.removesuffix(".lua")
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("--"))]
+        body = scripts.lua(name)
+        # the header comment comes first, and names every KEYS and ARGV the body reads
+        assert text.startswith("--"), name
+        for word in ("KEYS", "ARGV"):
+            if word in body:
+                assert any(word in line for line in header), (name, word)
+        # what Redis receives is the script without its header
+        assert not body.lstrip().startswith("--"), name
+        assert text.endswith(body), name

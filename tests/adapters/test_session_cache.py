@@ -25,7 +25,7 @@ from dsh_schedule.shared.core.events import (
     Session,
     SessionHeader,
 )
-from dsh_schedule.shared.core.ledger import LedgerCache, Pair, reminder_source
+from dsh_schedule.shared.core.ledger import Pair, ledger_of, reminder_source
 from dsh_schedule.shared.core.timecontext import derive_zone_context
 from dsh_schedule.shared.settings import Settings, SettingsError
 from dsh_schedule.shared.store import sessioncache
@@ -110,7 +110,7 @@ def scheduled_history(filler: int) -> list[list[NewEvent]]:
 def answers(session: Session) -> dict[str, Any]:
     """What the callers of a store ask of a session: its length, the delivery gate, the
     re-projected frames and the time context."""
-    ledger = LedgerCache().ledger("agent", session)
+    ledger = ledger_of(session)
     groups = ledger.undelivered()
     return {
         "length": len(session.events),

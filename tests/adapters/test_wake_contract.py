@@ -18,15 +18,19 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.mover import MOVE_BATCH, MOVE_TAKE, move_batch_size
-from dsh_schedule.shared.coordination.wake import ArmRequest, WakeProjection
-from dsh_schedule.shared.coordination.wakejobs import (
+from dsh_schedule.shared.coordination.wake import (
+    MOVE_BATCH,
+    MOVE_TAKE,
     WAKE_BATCH_FUNC,
     WAKE_FUNC,
     WAKE_TIMEOUT_S,
+    ArmRequest,
     DueWakes,
+    WakeProjection,
     decode_batch,
+    move_batch_size,
     wake_job_id,
 )
 from dsh_schedule.shared.settings import Settings
@@ -57,8 +61,8 @@ def queue(settings: Settings) -> str:
 
 
 @pytest.fixture
-def wakes(redis_client: redis.Redis, keys: Keys) -> WakeProjection:
-    return WakeProjection(redis_client, keys)
+def wakes(redis_client: redis.Redis, settings: Settings) -> WakeProjection:
+    return Coordination(redis_client, settings).wakes
 
 
 def schedule(client: redis.Redis, keys: Keys) -> dict[str, float]:
@@ -419,11 +423,11 @@ def counting_client(real_redis: redis.Redis) -> Iterator[redis.Redis]:
 
 @pytest.mark.redis
 def test_a_burst_moves_in_a_bounded_number_of_round_trips(
-    counting_client: redis.Redis, keys: Keys, queue: str
+    counting_client: redis.Redis, keys: Keys, queue: str, settings: Settings
 ) -> None:
     # given a burst of wakes all due at once, on two queues, and a mover that has made its
     # first pass (script loading is not part of the burst)
-    wakes = WakeProjection(counting_client, keys)
+    wakes = Coordination(counting_client, settings).wakes
     assert wakes.move_due(T1) == 0
     burst = 2_600
     requests = [
@@ -450,10 +454,11 @@ def test_a_burst_moves_in_a_bounded_number_of_round_trips(
 
 
 def test_a_moved_wake_hands_on_once_even_when_two_movers_run(
-    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str,
+    settings: Settings,
 ) -> None:
     wakes.arm(AGENT, T1, queue)
-    other = WakeProjection(redis_client, keys)
+    other = Coordination(redis_client, settings).wakes
     assert wakes.move_due(T1) == 1
     assert other.move_due(T1) == 0
     assert handed_on(redis_client, queue) == [(AGENT, T1)]

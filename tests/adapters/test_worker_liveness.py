@@ -12,7 +12,7 @@ from rq import Queue
 
 from dsh_schedule.scheduler.process import recover_dead_workers
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wakejobs import decode_batch
+from dsh_schedule.shared.coordination.wake import decode_batch
 from dsh_schedule.shared.coordination.workers import Held
 from dsh_schedule.shared.settings import Settings
 

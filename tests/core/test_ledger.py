@@ -20,11 +20,11 @@ from dsh_schedule.shared.core.fold import fold
 from dsh_schedule.shared.core.ledger import (
     DispatchGroup,
     Ledger,
-    LedgerCache,
     LedgerView,
     Pair,
     Undelivered,
     dispatch_groups,
+    ledger_of,
     reminder_source,
 )
 
@@ -230,32 +230,32 @@ class Recorded(Sequence[Event]):
         return self.events[index]
 
 
-def test_the_cache_continues_a_ledger_and_starts_over_when_the_log_is_another() -> None:
-    cache = LedgerCache()
-    header = SessionHeader(id="s1", createdAt=0)
-    first = cache.ledger("a", Session(header=header, events=DISPATCHES[:4]))
-    assert first.undelivered() == [ONE_SHOT]
+def test_a_ledger_continued_with_a_grown_log_reads_only_the_new_tail() -> None:
+    ledger = Ledger(0).extend(DISPATCHES[:4])
+    assert ledger.view().undelivered() == [ONE_SHOT]
 
     # the same agent's log grew: only the new tail is read
     grown = Recorded(DISPATCHES)
-    assert cache.ledger("a", Session(header=header, events=grown)).undelivered() == [
-        ONE_SHOT, BATCH]
+    assert ledger.extend(grown[4:]).view().undelivered() == [ONE_SHOT, BATCH]
     assert grown.read == {4, 5, 6}
 
-    # a shorter log or another seed length: read again from the start
+
+def test_a_session_without_a_kept_ledger_is_replayed_from_its_own_suffix() -> None:
+    header = SessionHeader(id="s1", createdAt=0)
     shorter = Recorded(DISPATCHES[:4])
-    assert cache.ledger("a", Session(header=header, events=shorter)).undelivered() == [ONE_SHOT]
+    assert ledger_of(Session(header=header, events=shorter)).undelivered() == [ONE_SHOT]
     assert shorter.read == {0, 1, 2, 3}
+    assert ledger_of(Session(header=header, events=DISPATCHES)).undelivered() == [
+        ONE_SHOT, BATCH]
     forked = SessionHeader(id="s1", createdAt=0, seedLength=len(DISPATCHES))
-    assert cache.ledger("a", Session(header=forked, events=DISPATCHES)).undelivered() == []
+    assert ledger_of(Session(header=forked, events=DISPATCHES)).undelivered() == []
 
 
-def test_the_cache_answers_the_ledger_a_session_carries_and_reads_no_event() -> None:
+def test_the_ledger_a_session_carries_is_answered_and_no_event_read() -> None:
     # given a session whose store kept its ledger
-    cache = LedgerCache()
     header = SessionHeader(id="s1", createdAt=0)
     kept = Ledger(0).extend(DISPATCHES).view()
     events = Recorded(DISPATCHES)
     # when / then
-    assert cache.ledger("a", Session(header=header, events=events, ledger=kept)) is kept
+    assert ledger_of(Session(header=header, events=events, ledger=kept)) is kept
     assert events.read == set()

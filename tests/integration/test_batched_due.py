@@ -390,7 +390,7 @@ def test_opening_many_agents_enqueues_their_wakes_together(
 ) -> None:
     from rq import Queue
 
-    from dsh_schedule.shared.coordination.wakejobs import ImmediateWakes, decode_batch
+    from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
 
     system, _clock = _system(redis_client, settings)
     queue = Queue(settings.queue, connection=redis_client)

@@ -12,7 +12,7 @@ from rq import Queue
 from dsh_schedule.host.plugin import CompositionError, SchedulePlugin
 from dsh_schedule.host.reference import Agent, AgentRegistry
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wakejobs import ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore

@@ -21,7 +21,7 @@ from dsh_schedule.scheduler.process import (
 )
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Pair
-from dsh_schedule.shared.coordination.wakejobs import ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, new_session, reminder_texts
@@ -122,7 +122,7 @@ def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
     assert held.acquire(blocking=False)
     clock.advance(6)
 
-    system.owner.wake_batch(["due", "later", "locked", "cold"])
+    system.owner.wake_many([(agent, None) for agent in ("due", "later", "locked", "cold")])
 
     held.release()
     wakes = system.coordination.wakes

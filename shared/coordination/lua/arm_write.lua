@@ -1,0 +1,31 @@
+-- The writes of arming, for many agents in one call (``WakeProjection._write_arms``): for
+-- each, a scheduled rq job (the hash rq's own ``Job.save`` writes), its score in the
+-- schedule, the current-wake pointer, and the superseded wake's removal. Only a superseded
+-- wake still waiting in the schedule is ours to delete; one already handed on (its job
+-- hash deleted by the mover) is left alone: its batch runs, finds nothing due (or re-arms)
+-- and ends. KEYS[1] the schedule; then per agent the new job hash, the current-wake
+-- pointer, the superseded job hash (the new one when none). ARGV[1] S, then S field/value
+-- pairs every job shares; then V, the V field names whose values differ from job to job;
+-- then per agent its wake id, score, superseded wake id ('' for none) and V values.
+
+local s = tonumber(ARGV[1])
+local v = tonumber(ARGV[2 + 2 * s])
+local base = 2 + 2 * s + v
+local per = 3 + v
+local n = (#ARGV - base) / per
+-- The shared pairs and the own fields' names once; each wake fills in its own values.
+local fields = {}
+for j = 2, 1 + 2 * s do fields[#fields + 1] = ARGV[j] end
+for j = 1, v do fields[2 * s + 2 * j - 1] = ARGV[2 + 2 * s + j] end
+for i = 0, n - 1 do
+  local a = base + i * per
+  local id, previous = ARGV[a + 1], ARGV[a + 3]
+  for j = 1, v do fields[2 * s + 2 * j] = ARGV[a + 3 + j] end
+  redis.call('HSET', KEYS[2 + 3 * i], unpack(fields))
+  redis.call('ZADD', KEYS[1], ARGV[a + 2], id)
+  redis.call('SET', KEYS[3 + 3 * i], id)
+  if previous ~= '' and previous ~= id and redis.call('ZREM', KEYS[1], previous) == 1 then
+    redis.call('DEL', KEYS[4 + 3 * i])
+  end
+end
+return n
