@@ -199,12 +199,12 @@ def measure_burst(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) 
         rt.start_workers()
         rt.start_mover()
         rt.start_host(names)
-        live = Keys(rt.settings.prefix).live()
+        live = Keys(rt.settings.prefix).agent_host()
         queue = Queue(rt.settings.queue, connection=rt.client)
-        if not rt.wait(lambda: int(rt.client.zcard(live)) >= n and queue_idle(rt.client, queue),
+        if not rt.wait(lambda: int(rt.client.hlen(live)) >= n and queue_idle(rt.client, queue),
                        120.0 + n / SETUP_PER_S, status=lambda: progress.tick(
-                           f"{int(rt.client.zcard(live)):,}/{n:,} agents leased")):
-            raise LoadtestError(f"burst: {int(rt.client.zcard(live)):,} of {n:,} agents were "
+                           f"{int(rt.client.hlen(live)):,}/{n:,} agents leased")):
+            raise LoadtestError(f"burst: {int(rt.client.hlen(live)):,} of {n:,} agents were "
                                 "leased in time")
         tools = ScheduleTools(rt.store, Coordination(rt.client, rt.settings), rt.settings,
                               wall_clock_ms)

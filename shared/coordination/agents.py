@@ -37,13 +37,14 @@ from dsh_schedule.shared.settings import Settings
 log = logging.getLogger(__name__)
 
 
-# KEYS[1] the live zset, KEYS[2] the lease-queue hash, KEYS[3] the agent's followup stream;
-# ARGV[1] the agent. Returns {its lease's score, its lease's queue, the id of its oldest
-# followup entry}, each false when absent.
+# KEYS[1] the agent-host hash, KEYS[2] the lease-queue hash, KEYS[3] the agent's followup
+# stream, KEYS[4] the hosts zset; ARGV[1] the agent. Returns {the expiry of its host's
+# lease, its lease's queue, the id of its oldest followup entry}, each false when absent.
 _LEASE_AND_OLDEST = """
 local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)[1]
-return {redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]),
-        oldest and oldest[1] or false}
+local host = redis.call('HGET', KEYS[1], ARGV[1])
+return {host and redis.call('ZSCORE', KEYS[4], host) or false,
+        redis.call('HGET', KEYS[2], ARGV[1]), oldest and oldest[1] or false}
 """
 
 
@@ -119,11 +120,12 @@ class Coordination:
         # One read for everything arming and announcing need: the server's clock, and per
         # agent its lease and queue, its oldest followup entry (one script call per
         # hundred agents), its current wake (``queue_arm_facts``).
-        live, lease_queue = self.keys.live(), self.keys.lease_queue()
+        hosts, agent_host = self.keys.hosts(), self.keys.agent_host()
+        lease_queue = self.keys.lease_queue()
         with self.client.pipeline(transaction=False) as pipe:
             pipe.time()
             calls = queue_script_batch(pipe, _LEASE_AND_OLDEST, [
-                ([live, lease_queue, self.keys.followups(agent)], [agent])
+                ([agent_host, lease_queue, self.keys.followups(agent), hosts], [agent])
                 for agent, _target in targets
             ])
             fact_calls = self.wakes.queue_arm_facts(pipe, targets)
