@@ -199,7 +199,8 @@ class ScheduleTools:
     ) -> ToolResult:
         """Run ``attempt`` under the agent's lock, re-deciding on fence conflicts, then
         re-arm. Once an attempt has answered, nothing that fails while finishing (the
-        re-arm, the lock's release) changes the answer: the log already holds what it confirmed (docs/architecture.md#outages)."""
+        re-arm, the lock's release) changes the answer: the log already holds what it
+        confirmed (docs/architecture.md#outages)."""
         latest = _LatestFold()
         with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s) as held:
             try:

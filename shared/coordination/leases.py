@@ -225,13 +225,13 @@ class Leases:
         return [_text(m) for m in members]
 
     def live_agents(self, *, now_ms: int) -> list[str]:
-        """Every live agent: the served sets of the live hosts (a rebuild's read, and
-        ``status``'s; O(agents), never a periodic pass's)."""
+        """Every live agent, in id order: the served sets of the live hosts (a rebuild's
+        read, and ``status``'s; O(agents), never a periodic pass's)."""
         agents: list[str] = []
         for host in self.live_hosts(now_ms=now_ms):
             members: Any = self._client.smembers(self._keys.served(host))
             agents.extend(_text(m) for m in members)
-        return list(dict.fromkeys(agents))
+        return sorted(set(agents))
 
     def count_served(self, hosts: Sequence[str]) -> int:
         """How many agents the hosts' served sets hold together, in one round trip."""
