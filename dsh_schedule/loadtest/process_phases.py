@@ -28,8 +28,8 @@ from dsh_schedule.loadtest.figures import (
     ProcessMemoryFigure,
 )
 from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls
-from dsh_schedule.loadtest.procs import CpuSampler, cores_between
-from dsh_schedule.loadtest.redisruntime import RedisRuntime
+from dsh_schedule.loadtest.process_costs import CpuSampler, cores_between
+from dsh_schedule.loadtest.process_runtime import RedisRuntime
 from dsh_schedule.loadtest.runtime import LoadtestError, queue_idle
 from dsh_schedule.loadtest.sessions import (
     DAY_MS,

@@ -27,7 +27,7 @@ from rq import Queue
 
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.loadtest.baseline import NOOP, scheduler_for
-from dsh_schedule.loadtest.procs import memory
+from dsh_schedule.loadtest.process_costs import memory
 from dsh_schedule.loadtest.runtime import HOST_POLL_S, POLL_S, LoadtestError, until
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
