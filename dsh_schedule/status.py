@@ -63,7 +63,7 @@ class ReconcileSummary(_Camel, frozen=True, kw_only=True, rename="camel"):
 
     at: int  # epoch ms, the scheduler's wall clock
     kind: str  # "rebuild" or "reconcile"
-    live: int | None  # None: a reconcile pass without metrics does not count them
+    live: int
     woken: int
     retired: int
     swept: int = 0
@@ -129,7 +129,7 @@ class LastReconcile(_Camel, frozen=True, kw_only=True, rename="camel"):
     at: str
     age_seconds: float
     kind: str
-    live: int | None
+    live: int
     woken: int
     retired: int
     swept: int
@@ -353,7 +353,7 @@ def render_status(status: Status) -> str:
     else:
         lines.append(
             f"last {terminal_text(last.kind)}: {last.at} ({last.age_seconds:.1f} s ago): "
-            + ("" if last.live is None else f"{last.live} live, ")
+            + f"{last.live} live, "
             + ("" if last.hosts is None else f"{last.hosts} host(s), ")
             + f"{last.woken} woken, {last.retired} retired"
         )

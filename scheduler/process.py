@@ -178,18 +178,18 @@ class Reconciler:
         return report
 
     def _record(self, report: ReconcileReport, hosts: Sequence[str], now_ms: int) -> None:
-        """Leave the pass's summary for ``status``; set the gauges when metrics are on
-        (one SCARD per live host, one ZCARD, and, for the pending followups, one XLEN per
-        live agent in pipelines of ``CHECK_BATCH``: the one read of every agent left,
-        and only while metrics are on)."""
+        """Leave the pass's summary for ``status`` (the live agents counted with one SCARD
+        per live host); set the gauges when metrics are on (one ZCARD, and, for the
+        pending followups, one XLEN per live agent in pipelines of ``CHECK_BATCH``: the
+        one read of every agent left, and only while metrics are on)."""
         coord = self._coord
         recorder = metrics.get()
-        live = coord.leases.count_served(hosts) if recorder.enabled else None
+        live = coord.leases.count_served(hosts)
         status.write_reconcile(coord.client, coord.keys, status.ReconcileSummary(
             at=now_ms, kind="reconcile", live=live, woken=len(report.woken),
             retired=len(report.retired), swept=len(report.swept), hosts=report.hosts,
         ))
-        if live is None:
+        if not recorder.enabled:
             return
         recorder.live_agents(live)
         recorder.scheduled_wakes(int(coord.client.zcard(coord.keys.scheduled_jobs())))

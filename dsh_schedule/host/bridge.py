@@ -188,7 +188,10 @@ class HostBridge:
         written, they are owed (``OwedRearms``: retried once Redis answers) and the
         failure raised."""
         try:
-            self._coord.wakes.trigger_many({self._settings.queue: agents})
+            if len(agents) == 1:
+                self._coord.wakes.trigger(agents[0], self._settings.queue)
+            else:
+                self._coord.wakes.trigger_many({self._settings.queue: agents})
         except redis.RedisError:
             self.owed.owe(agents)
             raise
