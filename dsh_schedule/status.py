@@ -66,10 +66,8 @@ class ReconcileSummary(_Camel, frozen=True, kw_only=True, rename="camel"):
     live: int
     woken: int
     retired: int
-    new: int = 0
-    stale_wakes: int = 0
-    stale_followups: int = 0
     swept: int = 0
+    hosts: int | None = None  # the live hosts a reconcile pass read
 
 
 class Health(_Camel, frozen=True, kw_only=True, rename="camel"):
@@ -134,17 +132,15 @@ class LastReconcile(_Camel, frozen=True, kw_only=True, rename="camel"):
     live: int
     woken: int
     retired: int
-    new: int
-    stale_wakes: int
-    stale_followups: int
     swept: int
+    hosts: int | None
 
 
 class Status(_Camel, frozen=True, kw_only=True, rename="camel"):
     prefix: str
     now: str
     live_agents: int
-    ended_agents: int  # leases expired, not yet retired by a reconcile pass
+    ended_agents: int  # their host's lease expired, not yet retired by a reconcile pass
     scheduled_wakes: int
     next_wakes: list[WakeStatus]
     overdue_wakes: int
@@ -187,14 +183,13 @@ def read_reconcile(client: redis.Redis, keys: Keys, *, now_ms: int) -> LastRecon
     return LastReconcile(
         at=_instant(summary.at), age_seconds=max(now_ms - summary.at, 0) / 1000,
         kind=summary.kind, live=summary.live, woken=summary.woken, retired=summary.retired,
-        new=summary.new, stale_wakes=summary.stale_wakes,
-        stale_followups=summary.stale_followups, swept=summary.swept,
+        swept=summary.swept, hosts=summary.hosts,
     )
 
 
 def live_by_queue(coord: Coordination, *, now_ms: int) -> dict[str, list[str]]:
-    """The live agents of each queue their lease names (two reads: the live set, then the
-    queues of its members)."""
+    """The live agents of each queue their lease names (the served sets of the live
+    hosts, then the queues of their members)."""
     live = coord.leases.live_agents(now_ms=now_ms)
     by_queue: dict[str, list[str]] = {}
     for start in range(0, len(live), CHECK_BATCH):
@@ -301,8 +296,8 @@ def read_status(
         pipe.zcard(schedule)
         pipe.zrange(schedule, 0, max(next_count, 1) - 1, withscores=True)
         pipe.zcount(schedule, "-inf", repr(now_score))
-        pipe.zcount(keys.live(), "-inf", f"({now_ms}")
-        scheduled, first, overdue, ended = pipe.execute()
+        scheduled, first, overdue = pipe.execute()
+    ended = coord.leases.count_served(coord.leases.expired_hosts(now_ms=now_ms))
     next_wakes = [_wake(member, score, now_ms) for member, score in first][:next_count]
     oldest_overdue = (
         max(now_ms - round(float(first[0][1]) * 1000), 0) / 1000
@@ -358,8 +353,9 @@ def render_status(status: Status) -> str:
     else:
         lines.append(
             f"last {terminal_text(last.kind)}: {last.at} ({last.age_seconds:.1f} s ago): "
-            f"{last.live} live, "
-            f"{last.woken} woken, {last.retired} retired"
+            + f"{last.live} live, "
+            + ("" if last.hosts is None else f"{last.hosts} host(s), ")
+            + f"{last.woken} woken, {last.retired} retired"
         )
     ended = f" ({status.ended_agents} ended, not yet retired)" if status.ended_agents else ""
     lines.append(f"live agents: {status.live_agents}{ended}")

@@ -18,13 +18,11 @@ each loop's last pass.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import signal
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from types import FrameType
 from typing import Final
@@ -37,17 +35,12 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-CHECK_BATCH: Final = 1_000  # agents per pipelined projection check
-# Each pass checks the projection of new agents and of one of these slices of the rest, so
-# a live agent's projection is read every PROJECTION_SLICES passes (2 min by default), and
-# an idle deployment's reconcile reads a quarter of its agents per pass.
-PROJECTION_SLICES: Final = 4
+CHECK_BATCH: Final = 1_000  # agents retired per batch
 MIN_PAUSE_S: Final = 0.01  # the shortest pause between two mover passes
 # How late Redis may end a blocking call's timeout (its clock ticks ten times a second by
 # default), and how often the end of a pause looks for a nudge instead.
@@ -69,92 +62,93 @@ class RebuildReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ReconcileReport(msgspec.Struct, frozen=True, kw_only=True):
-    """One reconcile pass: every agent it woke, and why (an agent may have several
-    reasons; ``woken`` names it once)."""
+    """One reconcile pass: the agents of expired hosts it retired, the slice of the sweep
+    it woke, and how many hosts it read (``woken`` is ``swept``)."""
 
     woken: tuple[str, ...]
     retired: tuple[str, ...]
-    checked: int
-    new: tuple[str, ...]
-    stale_wakes: tuple[str, ...]
-    stale_followups: tuple[str, ...]
+    hosts: int
     swept: tuple[str, ...]
 
 
 def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildReport:
-    """Enqueue a wake for every live agent; remove what Redis holds for ended agents.
+    """Enqueue a wake for every live agent; remove what Redis holds for the agents of
+    hosts whose lease expired.
 
-    It wakes the agents whose leases Redis still holds. After Redis lost everything there
-    are none yet: each host grants its leases anew at its next renewal, and a new lease
-    wakes its agent, so the hosts restore everything without it (``rebuild_note``,
-    docs/decisions.md#delivery, "What rebuild is for")."""
+    It wakes the agents whose hosts' leases Redis still holds. After Redis lost everything
+    there are none yet: each host finds the generation marker gone within a second and
+    installs its agents again, and each new lease wakes its agent, so the hosts restore
+    everything without it (``rebuild_note``, docs/decisions.md#delivery, "What rebuild is
+    for")."""
     live = coord.leases.live_agents(now_ms=now_ms)
     coord.trigger_many(live)
     return RebuildReport(woken=tuple(live), retired=tuple(_retire(coord, settings, now_ms)))
 
 
 def rebuild_note(report: RebuildReport, settings: Settings) -> str | None:
-    """What ``dsh-schedule rebuild`` tells an operator when it woke no agent: no lease is
-    live, so a Redis that just lost its keys is restored by the hosts' renewals."""
+    """What ``dsh-schedule rebuild`` tells an operator when it woke no agent: no host's
+    lease is live, so a Redis that just lost its keys is restored by the hosts."""
     if report.woken:
         return None
     return (
         "rebuild: no agent holds a lease, so there was nothing to wake. If Redis just lost "
         "its keys (a flush, a restart without persistence), nothing more is needed: each "
-        f"host grants its leases anew at its next renewal (every {settings.lease_renew_s:g} "
-        "s), and every new lease wakes its agent, which re-arms its reminders and "
-        "re-projects its followups from its log. rebuild is for a Redis that kept the "
-        "leases but lost wakes (see docs/decisions.md, \"What rebuild is for\")."
+        "host finds the generation marker gone within "
+        f"{settings.generation_check_s:g} s and installs its agents anew, and every new "
+        "lease wakes its agent, which re-arms its reminders and re-projects its followups "
+        "from its log. rebuild is for a Redis that kept the leases but lost wakes (see "
+        "docs/decisions.md, \"What rebuild is for\")."
     )
 
 
 def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
-    """Remove, under each one's lock, what Redis holds for agents whose lease expired."""
+    """Remove, under each one's lock, what Redis holds for the agents of every host whose
+    lease expired, ``CHECK_BATCH`` agents at a time; then forget the host. One read when
+    no host expired, whatever the number of agents."""
     retired: list[str] = []
-    for agent in coord.leases.expired_agents(now_ms=now_ms):
-        try:
-            coord.forget_agent(agent, lock_wait_s=settings.tool_lock_wait_s)
-        except LockUnavailable:
-            log.info("could not retire %s now; the next pass retries", agent)
-        else:
-            retired.append(agent)
+    leases = coord.leases
+    for host in leases.expired_hosts(now_ms=now_ms):
+        busy: set[str] = set()
+        while batch := [a for a in leases.served_batch(host, CHECK_BATCH + len(busy))
+                        if a not in busy]:
+            left = set(coord.forget_agents(batch, lock_wait_s=settings.tool_lock_wait_s))
+            for agent in left:
+                log.info("could not retire %s now; the next pass retries", agent)
+            busy |= left
+            retired.extend(a for a in batch if a not in left)
+        if not busy and leases.forget_host(host, now_ms=now_ms):
+            log.info("host %s: its lease expired; its agents are retired", host)
     return retired
 
 
 class Reconciler:
-    """The rebuild and the incremental reconcile pass of one scheduler process.
+    """The rebuild and the reconcile pass of one scheduler process.
 
-    A reconcile pass reads every live agent's projection (``Coordination.projections``,
-    ``CHECK_BATCH`` agents per pipelined read) and enqueues wakes, in ``wake_batch`` jobs,
-    only for agents whose projection is missing or stale:
-
-    - a new lease: no current wake, and never seen by an earlier pass or rebuild;
-    - a current wake whose job is neither in the schedule nor an rq job hash;
-    - a followup entry older than ``followup_stale_s`` (its announcement, or the host
-      holding it, was lost; the wake's re-arm announces it again).
-
-    What only a fold can see — an agent with work but no current wake, because a re-arm
-    failed after a durable mutation — is left to a slow full sweep: a cursor over the live
-    agents in id order that each pass advances by the share of them its interval is of
-    ``sweep_period_s``, so every live agent is woken once per period and never all at
-    once. An agent with no active reminder has no current wake either; only the sweep
-    wakes it. The pass itself decides nothing: each wake decides under the agent's lock.
+    A reconcile pass reads O(hosts) and O(what changed), never the whole live set
+    (docs/architecture.md#rebuild-and-reconcile): one read of the hosts ZSET finds the
+    hosts whose lease expired, whose agents it retires; and it wakes one slice of a slow
+    sweep, the last safety net: a cursor over the agents (``HSCAN`` of the agent-host
+    hash) that each pass advances by the share of them its interval is of
+    ``sweep_period_s`` (a week by default), so every live agent is woken once per period
+    and never all at once. What the sweep still catches is what nothing else sees: a
+    partial loss in Redis (a key evicted or deleted, a failover that lost recent writes
+    while the generation marker survived), and, until the worker's due path owes its
+    failed re-arms (docs/decisions.md, "Idle cost flat in the number of agents"), a wake
+    whose re-arm failed in a worker that lived on. The pass itself decides nothing: each
+    wake decides under the agent's lock.
     """
 
     def __init__(self, coord: Coordination, settings: Settings) -> None:
         self._coord = coord
         self._settings = settings
-        self._seen: set[str] = set()
-        self._pass = 0  # reconcile passes so far: which projection slice to check
-        self._with_followups: set[str] = set()  # agents last seen holding followups
-        self._sweep_after: str | None = None  # the last agent id the sweep woke
+        self._cursor = 0  # where the sweep's HSCAN goes on
+        self._scanned: list[str] = []  # agents the scan returned that the sweep owes
         self._sweep_owed = 0.0  # agents the sweep owes, from the time passed
         self._last_pass_ms: int | None = None
 
     def rebuild(self, *, now_ms: int) -> RebuildReport:
         """Wake every live agent (start, after an outage); the next passes go on from it."""
         report = rebuild(self._coord, self._settings, now_ms=now_ms)
-        self._seen = set(report.woken)
         self._sweep_owed = 0.0
         self._last_pass_ms = now_ms
         recorder = metrics.get()
@@ -169,98 +163,74 @@ class Reconciler:
         return report
 
     def reconcile(self, *, now_ms: int) -> ReconcileReport:
-        """One incremental pass: retire ended agents, wake the stale ones and the sweep's
-        slice."""
+        """One pass: retire the agents of expired hosts, wake the sweep's slice."""
         coord = self._coord
         retired = _retire(coord, self._settings, now_ms)
-        live = sorted(coord.leases.live_agents(now_ms=now_ms))
-        server_ms = coord.server_time_ms()
-        stale_after_ms = coord.followup_stale_ms
-        new: list[str] = []
-        stale_wakes: list[str] = []
-        stale_followups: list[str] = []
-        self._pass += 1
-        checked = [a for a in live
-                   if a not in self._seen or _slice_of(a) == self._pass % PROJECTION_SLICES]
-        for start in range(0, len(checked), CHECK_BATCH):
-            batch = checked[start : start + CHECK_BATCH]
-            for agent, found in zip(batch, coord.projections(batch), strict=True):
-                if found.wake is None and agent not in self._seen:
-                    new.append(agent)
-                if found.wake is not None and not found.wake_held:
-                    stale_wakes.append(agent)
-                if found.oldest_followup_ms is None:
-                    self._with_followups.discard(agent)
-                else:
-                    self._with_followups.add(agent)
-                    if server_ms - found.oldest_followup_ms >= stale_after_ms:
-                        stale_followups.append(agent)
-        self._with_followups.intersection_update(live)
-        with_followups = sorted(self._with_followups)
-        swept = self._sweep(live, now_ms)
-        woken = list(dict.fromkeys([*new, *stale_wakes, *stale_followups, *swept]))
-        coord.trigger_many(woken)
-        self._seen = set(live)
-        report = ReconcileReport(
-            woken=tuple(woken), retired=tuple(retired), checked=len(live), new=tuple(new),
-            stale_wakes=tuple(stale_wakes), stale_followups=tuple(stale_followups),
-            swept=tuple(swept),
-        )
-        self._record(report, with_followups, now_ms)
-        repaired = len(new) + len(stale_wakes) + len(stale_followups)
-        (log.info if repaired else log.debug)(
-            "reconcile: %d live, %d new, %d stale wake(s), %d stale followup stream(s), "
-            "%d swept, %d retired", len(live), len(new), len(stale_wakes),
-            len(stale_followups), len(swept), len(retired),
-        )
+        hosts = coord.leases.live_hosts(now_ms=now_ms)
+        swept = self._sweep(now_ms)
+        coord.trigger_many(swept)
+        report = ReconcileReport(woken=tuple(swept), retired=tuple(retired),
+                                 hosts=len(hosts), swept=tuple(swept))
+        self._record(report, hosts, now_ms)
+        (log.info if retired else log.debug)(
+            "reconcile: %d live host(s), %d swept, %d retired", len(hosts), len(swept),
+            len(retired))
         return report
 
-    def _record(self, report: ReconcileReport, with_followups: Sequence[str],
-                now_ms: int) -> None:
-        """Leave the pass's summary for ``status``; set the gauges when metrics are on."""
+    def _record(self, report: ReconcileReport, hosts: Sequence[str], now_ms: int) -> None:
+        """Leave the pass's summary for ``status`` (the live agents counted with one SCARD
+        per live host); set the gauges when metrics are on (one ZCARD, and, for the
+        pending followups, one XLEN per live agent in pipelines of ``CHECK_BATCH``: the
+        one read of every agent left, and only while metrics are on)."""
         coord = self._coord
-        status.write_reconcile(coord.client, coord.keys, status.ReconcileSummary(
-            at=now_ms, kind="reconcile", live=report.checked, woken=len(report.woken),
-            retired=len(report.retired), new=len(report.new),
-            stale_wakes=len(report.stale_wakes), stale_followups=len(report.stale_followups),
-            swept=len(report.swept),
-        ))
         recorder = metrics.get()
+        live = coord.leases.count_served(hosts)
+        status.write_reconcile(coord.client, coord.keys, status.ReconcileSummary(
+            at=now_ms, kind="reconcile", live=live, woken=len(report.woken),
+            retired=len(report.retired), swept=len(report.swept), hosts=report.hosts,
+        ))
         if not recorder.enabled:
             return
-        recorder.live_agents(report.checked)
+        recorder.live_agents(live)
         recorder.scheduled_wakes(int(coord.client.zcard(coord.keys.scheduled_jobs())))
+        agents = coord.leases.live_agents(now_ms=now_ms)
         pending = 0
-        for start in range(0, len(with_followups), CHECK_BATCH):
+        for start in range(0, len(agents), CHECK_BATCH):
             with coord.client.pipeline(transaction=False) as pipe:
-                for agent in with_followups[start : start + CHECK_BATCH]:
+                for agent in agents[start : start + CHECK_BATCH]:
                     pipe.xlen(coord.keys.followups(agent))
                 pending += sum(int(n) for n in pipe.execute())
         recorder.followups_pending(pending)
 
-    def _sweep(self, live: Sequence[str], now_ms: int) -> list[str]:
-        """The next slice of the full sweep: the live agents (sorted) after the cursor, as
-        many as the time since the last pass is a share of ``sweep_period_s``."""
+    def _sweep(self, now_ms: int) -> list[str]:
+        """The next slice of the sweep: as many agents as the time since the last pass is
+        a share of ``sweep_period_s``, from where the scan stopped; only the live ones
+        are woken."""
         settings = self._settings
         last, self._last_pass_ms = self._last_pass_ms, now_ms
-        if not live:
-            return []
         elapsed_ms = 0 if last is None else max(now_ms - last, 0)
         # A late pass (a paused process, an outage) catches up at most one more interval.
         elapsed_ms = min(elapsed_ms, int(2 * settings.reconcile_interval_s * 1000))
+        client, key = self._coord.client, self._coord.keys.agent_host()
+        agents = int(client.hlen(key))
+        if not agents:
+            self._sweep_owed, self._scanned = 0.0, []
+            return []
         period_ms = settings.sweep_period_s * 1000
-        self._sweep_owed = min(self._sweep_owed + len(live) * elapsed_ms / period_ms,
-                               float(len(live)))
+        self._sweep_owed = min(self._sweep_owed + agents * elapsed_ms / period_ms,
+                               float(agents))
         take = math.floor(self._sweep_owed + 1e-9)  # 0.1 added ten times is one agent
         if take <= 0:
             return []
         self._sweep_owed = max(self._sweep_owed - take, 0.0)
-        after = self._sweep_after
-        first = 0 if after is None else bisect.bisect_right(live, after) % len(live)
-        ordered = [*live[first:], *live[:first]]
-        swept = ordered[:take]
-        self._sweep_after = swept[-1]
-        return swept
+        while len(self._scanned) < take:
+            cursor, found = client.hscan(key, self._cursor, count=take)
+            self._cursor = int(cursor)
+            self._scanned.extend(_text(agent) for agent in found)
+            if self._cursor == 0:
+                break  # a whole round: the next pass starts another
+        swept, self._scanned = self._scanned[:take], self._scanned[take:]
+        return self._coord.leases.live_among(swept, now_ms=now_ms)
 
 
 def recover_dead_workers(coord: Coordination) -> list[str]:
@@ -298,9 +268,8 @@ def recover_dead_workers(coord: Coordination) -> list[str]:
     return woken
 
 
-def _slice_of(agent: str) -> int:
-    """The projection-check slice an agent belongs to (stable across processes)."""
-    return zlib.crc32(agent.encode()) % PROJECTION_SLICES
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class SchedulerLoop:

@@ -12,8 +12,8 @@ import msgspec
 
 from dsh_schedule.shared.core.requests import DEFAULT_MAX_PROMPT_BYTES
 
-# The reconcile pass's full sweep reaches every live agent within this many seconds at most.
-MAX_SWEEP_PERIOD_S = 600.0
+# The reconcile pass's sweep reaches every live agent within this many seconds at most.
+MAX_SWEEP_PERIOD_S = 30 * 86_400.0
 # The prompt limit a deployment may set, at most: many prompts go out in one reminder
 # batch's line, which a session log bounds (docs/architecture.md#session-logs).
 MAX_PROMPT_BYTES_CEILING: Final = 1024 * 1024
@@ -41,7 +41,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     cache_mb: int = 256
     # Confirm a batch of session files with one file system sync where it can be trusted.
     syncfs: bool = True
-    sweep_period_s: float = 600.0
+    sweep_period_s: float = 7 * 86_400.0
     followup_stale_s: float = 30.0
     # Prometheus metrics of the worker, scheduler and host processes: off unless a port is
     # set (docs/architecture.md#operations).
@@ -53,6 +53,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Offer calendar rules (the cron selector) to schedule_create; reading them never
     # needs it (docs/decisions.md#calendar-rules).
     calendar: bool = False
+    # How often a host checks the generation marker and retries owed re-arms
+    # (docs/architecture.md#the-generation-marker).
+    generation_check_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_prompt_bytes <= MAX_PROMPT_BYTES_CEILING:

@@ -202,7 +202,10 @@ def cmd_host(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
     store = JsonlStore.from_settings(settings)
-    _require_sessions(store, args.sessions_to_host)
+    sessions = list(dict.fromkeys([*args.sessions_to_host, *args.sessions_file]))
+    if not sessions:
+        raise CommandError("host: name a SESSION or a --sessions-file")
+    _require_sessions(store, sessions)
     serve_metrics(settings, "host")
     await_redis(url, args.redis_wait, verbose=args.verbose)
     import threading
@@ -220,7 +223,7 @@ def cmd_host(args: argparse.Namespace) -> int:
         on_delivery=lambda session, d: print(f"{terminal_text(session)}: delivered {d.text!r}",
                                              flush=True),
     )
-    host.open_roots(args.sessions_to_host)
+    host.open_roots(sessions)
     from dsh_schedule.shared.collector import tune_for_service
 
     tune_for_service()

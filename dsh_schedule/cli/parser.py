@@ -243,9 +243,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         description="Enqueue a wake for every agent that holds a lease, and retire the "
         "agents whose lease ended; prints {\"woken\":[...],\"retired\":[...]}. "
         "After Redis lost its keys (a flush, a restart without persistence) it is not "
-        "needed and wakes nothing at first: each host grants its leases anew at its "
-        "next renewal (DSH_SCHEDULE_LEASE_RENEW, 20 s by default), every new lease "
-        "wakes its agent, and the scheduler rebuilds by itself once Redis is back. "
+        "needed and wakes nothing at first: each host finds the generation marker gone "
+        "within a second (DSH_SCHEDULE_GENERATION_CHECK) and installs its agents anew, "
+        "every new lease wakes its agent, and the scheduler rebuilds by itself once Redis is back. "
         "Run it when Redis kept the leases but lost wakes (a queue emptied or keys "
         "deleted by hand, an older snapshot restored). See docs/decisions.md, "
         "\"What rebuild is for\".")
@@ -267,8 +267,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p = sub.add_parser("host", help="run the reference host for sessions")
     _common(p)
     _metrics_flags(p)
-    p.add_argument("sessions_to_host", nargs="+", type=session_id_arg, metavar="SESSION",
+    p.add_argument("sessions_to_host", nargs="*", type=session_id_arg, metavar="SESSION",
                    help="the sessions (root session ids) to serve")
+    p.add_argument("--sessions-file", type=_sessions_file_arg, default=[], metavar="FILE",
+                   help="also serve the sessions listed in FILE, one id a line (no command "
+                   "line limit: docs/architecture.md#leases)")
     p.set_defaults(func=cmd_host)
 
     p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
@@ -352,3 +355,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dsh-schedule: {exc}", file=sys.stderr)
         return 1
     return result
+
+
+def _sessions_file_arg(path: str) -> list[str]:
+    """The session ids of a file, one a line (blank lines skipped), each checked as a
+    SESSION argument is."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            return [session_id_arg(line.strip()) for line in lines if line.strip()]
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None

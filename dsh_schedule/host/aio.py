@@ -220,6 +220,13 @@ class AsyncSchedulePlugin:
         finally:
             self.bridge.poke()
 
+    async def check_redis(self) -> list[str]:
+        """``SchedulePlugin.check_redis`` in a thread."""
+        try:
+            return await settle(self.sync.check_redis)
+        finally:
+            self.bridge.poke()
+
     async def health(self) -> status.Health:
         return await settle(self.sync.health)
 
@@ -243,7 +250,8 @@ class AsyncSchedulePlugin:
     ) -> None:
         """Deliver every installed agent's reminders until ``stop`` is set.
 
-        Renews the leases every ``lease_renew_s``; waits on ``bridge.ready`` (at most
+        Renews the host's lease every ``lease_renew_s`` and checks the generation marker
+        (and the owed re-arms) every ``generation_check_s``; waits on ``bridge.ready`` (at most
         ``poll_s`` at a time, so ``stop`` is noticed within it); for each agent it names
         that has an entry this host can take, holds its turn and awaits
         ``on_delivery(agent, delivery)`` for each reminder delivered into the session —
@@ -270,7 +278,7 @@ class AsyncSchedulePlugin:
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         outage = Outage(log, "async host")
-        next_renew = 0.0
+        next_renew = next_check = 0.0
         recheck = False
         serving: dict[str, asyncio.Task[None]] = {}
         named_again: set[str] = set()
@@ -284,13 +292,17 @@ class AsyncSchedulePlugin:
         try:
             while not stop.is_set():
                 try:
+                    if time.monotonic() >= next_check:
+                        await self.check_redis()
+                        next_check = time.monotonic() + self.settings.generation_check_s
                     if time.monotonic() >= next_renew:
                         await self.renew_leases()
                         next_renew = time.monotonic() + self.settings.lease_renew_s
                     if recheck:
                         await self.bridge.recheck_all()
                         recheck = False
-                    wait_s = min(poll_s, max(next_renew - time.monotonic(), 0.0))
+                    wait_s = min(poll_s,
+                                 max(min(next_renew, next_check) - time.monotonic(), 0.0))
                     agents = await self.bridge.ready(wait_s)
                     for index, agent in enumerate(agents):
                         while len(serving) >= max_turns and not stop.is_set():
@@ -309,7 +321,7 @@ class AsyncSchedulePlugin:
                 except redis.RedisError as exc:
                     if not is_outage(exc):
                         raise
-                    next_renew = 0.0  # renew first thing once Redis is back
+                    next_renew = next_check = 0.0  # both first thing once Redis is back
                     recheck = True
                     try:
                         await asyncio.wait_for(stop.wait(), outage.failed(exc))

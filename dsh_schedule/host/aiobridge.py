@@ -108,9 +108,10 @@ class AsyncHostBridge:
         finally:
             self.poke()
 
-    async def renew(self, agents: Sequence[str]) -> list[str]:
+    async def renew(self) -> list[str]:
+        """``HostBridge.renew`` (the host's lease, one command) in a thread."""
         try:
-            return await settle(self.sync.renew, list(agents))
+            return await settle(self.sync.renew)
         finally:
             self.poke()
 

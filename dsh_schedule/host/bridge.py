@@ -32,8 +32,11 @@ from dsh_schedule.host.gate import Delivery, DeliveryGate, DeliveryRound
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
+from dsh_schedule.shared.coordination.generation import GenerationMarker
+from dsh_schedule.shared.coordination.leases import INSTALL_BATCH
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
+from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.settings import Settings
@@ -55,8 +58,11 @@ class HostBridge:
         *,
         clock: Clock,
         consumer: str | None = None,
+        owed: OwedRearms | None = None,
     ) -> None:
         self._store = store
+        # The wakes a new lease needs that could not be enqueued (shared with the tools).
+        self.owed = OwedRearms() if owed is None else owed
         self._coord = coordination
         self._settings = settings
         self._clock = clock
@@ -64,7 +70,8 @@ class HostBridge:
         self._gate = DeliveryGate(store, coordination, settings, clock=clock,
                                   consumer=self.consumer)
         self._state = threading.Lock()
-        self._served: set[str] = set()
+        self._served: dict[str, None] = {}  # insertion-ordered
+        self._generation = GenerationMarker(coordination.client, coordination.keys)
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
         self._cursor: str | None = None  # the last id read from the ready stream
         self._deferred: list[str] | None = None  # wakes ``installing_many`` holds back
@@ -83,29 +90,45 @@ class HostBridge:
 
     # -- leases ---------------------------------------------------------------------
 
-    def install(self, agent: str) -> bool:
-        """Hold a lease for the agent; a new lease enqueues an immediate wake. ``ready``
-        names the agent once afterwards, whatever its stream holds."""
-        settings = self._settings
-        new = self._coord.leases.grant(
-            agent, settings.queue, now_ms=self._clock(), ttl_s=settings.lease_ttl_s
-        )
+    @property
+    def host(self) -> str:
+        """This host's name in the hosts ZSET: its consumer name."""
+        return self.consumer
+
+    @property
+    def served(self) -> list[str]:
+        """The agents this host serves, in the order they were installed."""
         with self._state:
-            self._served.add(agent)
+            return list(self._served)
+
+    def install(self, agent: str) -> bool:
+        """Serve the agent from this host (moving it from a host that served it); a new
+        lease enqueues an immediate wake. ``ready`` names the agent once afterwards,
+        whatever its stream holds. Within ``installing_many`` the install itself waits
+        for the end of the block (and False is returned)."""
+        with self._state:
+            self._served[agent] = None
             deferred = self._deferred
-            if new and deferred is not None:
+            if deferred is not None:
                 deferred.append(agent)
         self.later([agent], 0.0)
-        if new and deferred is None:
-            self._coord.trigger(agent)
+        if deferred is not None:
+            return False
+        settings = self._settings
+        new = bool(self._coord.leases.install(
+            self.host, [agent], settings.queue, now_ms=self._clock(),
+            ttl_s=settings.lease_ttl_s))
+        if new:
+            self._wake([agent])
         return new
 
     @contextmanager
     def installing_many(self) -> Iterator[None]:
-        """Within the block, the wakes that ``install`` owes new leases are held back and
-        enqueued together when it ends, in ``wake_batch`` jobs (a host opening thousands
-        of agents at its start enqueues tens of jobs, not one per agent); they are
-        enqueued even when the block fails."""
+        """Within the block, ``install`` only notes its agents; they are installed together
+        when it ends (one script call per few thousand agents) and the wakes of the new
+        leases enqueued in ``wake_batch`` jobs (a host opening thousands of agents at its
+        start sends tens of commands, not several per agent), even when the block
+        fails."""
         with self._state:
             if self._deferred is not None:
                 raise RuntimeError("installing_many is not reentrant")
@@ -114,24 +137,89 @@ class HostBridge:
             yield
         finally:
             with self._state:
-                woken, self._deferred = self._deferred, None
-            if woken:
-                self._coord.trigger_many(woken)
+                noted, self._deferred = self._deferred, None
+            if noted:
+                self._install_again(list(dict.fromkeys(noted)))
 
-    def renew(self, agents: Sequence[str]) -> list[str]:
-        """Renew leases, one round trip per few thousand agents; returns the agents whose
-        lease Redis had lost (or that had expired). Those are woken together (batched
-        wake jobs) and named by ``ready`` once more."""
+    def renew(self) -> list[str]:
+        """Renew this host's lease: one command, whatever the number of agents it serves
+        (docs/architecture.md#leases). When the lease had expired (the reconcile pass may
+        have retired its agents), every agent is installed again; when the served set
+        holds fewer agents than this host serves, the missing ones are (an agent another
+        host took over meanwhile is served here no more). Returns the agents whose lease
+        was new: they are woken together and named by ``ready`` once more."""
+        renewal = self._coord.leases.renew_host(
+            self.host, now_ms=self._clock(), ttl_s=self._settings.lease_ttl_s)
+        served = self.served
+        if renewal.was_valid and renewal.served >= len(served):
+            return []
+        if renewal.was_valid:
+            served = self._missing(served)
+        else:
+            log.warning("the lease of host %s had expired; installing its %d agent(s) "
+                        "again", self.host, len(served))
+        return self._install_again(served)
+
+    def check_generation(self) -> list[str]:
+        """Check the generation marker (one command): when Redis lost its data since the
+        last check, install every served agent again at once, which wakes them all
+        (docs/architecture.md#the-generation-marker). Returns the agents woken."""
+        if not self._generation.lost_data():
+            return []
+        served = self.served
+        log.warning("Redis lost its data (the generation marker changed); installing "
+                    "%d agent(s) again", len(served))
+        return self._install_again(served)
+
+    def _install_again(self, agents: list[str]) -> list[str]:
         settings = self._settings
-        new = self._coord.leases.grant_many(
-            agents, settings.queue, now_ms=self._clock(), ttl_s=settings.lease_ttl_s
-        )
-        with self._state:
-            self._served.update(agents)
+        new = self._coord.leases.install(
+            self.host, agents, settings.queue, now_ms=self._clock(),
+            ttl_s=settings.lease_ttl_s)
         if new:
-            self._coord.wakes.trigger_many({settings.queue: new})
+            self._wake(new)
             self._resync(new)
         return new
+
+    def _wake(self, agents: list[str]) -> None:
+        """Enqueue the wakes new leases need; when Redis fails after the lease was
+        written, they are owed (``OwedRearms``: retried once Redis answers) and the
+        failure raised."""
+        try:
+            if len(agents) == 1:
+                self._coord.wakes.trigger(agents[0], self._settings.queue)
+            else:
+                self._coord.wakes.trigger_many({self._settings.queue: agents})
+        except redis.RedisError:
+            self.owed.owe(agents)
+            raise
+
+    def _missing(self, agents: list[str]) -> list[str]:
+        """The agents missing from this host's served set that no other live host serves;
+        those another host serves now are served here no more."""
+        leases = self._coord.leases
+        missing: list[str] = []
+        for start in range(0, len(agents), INSTALL_BATCH):
+            batch = agents[start : start + INSTALL_BATCH]
+            missing.extend(a for a, here in zip(batch, leases.served_here(self.host, batch),
+                                                strict=True) if not here)
+        hosts = leases.hosts_of(missing, now_ms=self._clock())
+        moved = [a for a, host in zip(missing, hosts, strict=True)
+                 if host is not None and host != self.host]
+        if moved:
+            log.info("%d agent(s) are served by another host now: %s", len(moved),
+                     _named(moved))
+            self._stop_serving(moved)
+        gone = set(moved)
+        return [a for a in missing if a not in gone]
+
+    def _stop_serving(self, agents: Sequence[str]) -> None:
+        with self._state:
+            for agent in agents:
+                self._served.pop(agent, None)
+                self._due.pop(agent, None)
+        for agent in agents:
+            self._ledgers.forget(agent)
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown).
@@ -141,13 +229,18 @@ class HostBridge:
 
     def dispose_many(self, agents: Sequence[str]) -> list[str]:
         """``dispose`` for many agents, in a few round trips whatever their number (the
-        caller bounds the batch). Returns the agents whose lock stayed busy: nothing of
-        theirs was forgotten in Redis (their leases run out)."""
+        caller bounds the batch). Returns the agents whose lock stayed busy: nothing else
+        of theirs was forgotten in Redis, and they move to a host lease that has already
+        expired, so the reconcile pass retires them."""
         with self._state:
             for agent in agents:
-                self._served.discard(agent)
+                self._served.pop(agent, None)
                 self._due.pop(agent, None)
-        return self._coord.forget_agents(agents, lock_wait_s=self._settings.tool_lock_wait_s)
+        left = self._coord.forget_agents(agents, lock_wait_s=self._settings.tool_lock_wait_s)
+        if left:
+            self._coord.leases.install(f"{self.host}:disposed", left, self.queue,
+                                       now_ms=self._clock() - 1, ttl_s=0)
+        return left
 
     # -- which agents to look at ------------------------------------------------------
 

@@ -22,6 +22,7 @@ from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
 from dsh_schedule.shared.core.errors import ScheduleError
 from dsh_schedule.shared.core.views import ToolResult
@@ -95,6 +96,8 @@ class SchedulePlugin:
     from ``bridge.ready`` (pushed; docs/architecture.md#hosts-followups-and-rebuild).
     ``calendar`` offers calendar rules (``schedule_create`` with ``cron``,
     docs/decisions.md#calendar-rules); None takes ``settings.calendar`` (off by default).
+    Every agent is registered the same ``ToolDefinition`` objects (a host copies one before
+    changing it).
     """
 
     def __init__(
@@ -116,12 +119,16 @@ class SchedulePlugin:
         self.settings = settings
         self._coord = coordination
         self._clock = clock
-        self.tools = ScheduleTools(store, coordination, settings, clock, calendar=calendar)
+        owed = OwedRearms()  # the re-arms and wakes Redis failed, retried by check_redis
+        self.tools = ScheduleTools(store, coordination, settings, clock, calendar=calendar,
+                                   owed=owed)
         self.bridge = HostBridge(
-            store, coordination, settings, clock=clock, consumer=consumer
+            store, coordination, settings, clock=clock, consumer=consumer, owed=owed
         )
-        self.installed: list[str] = []
         self._unsubscribe: Callable[[], None] | None = None
+        # One set of definitions for every agent: a fresh copy each cost a host 55 KB per
+        # agent (5 GB at 100,000 agents). A host must copy one before changing it.
+        self._definitions = tool_definitions(self.tools.calendar)
 
     def load(self, events: AgentEvents) -> None:
         """Start listening for agents created from now on."""
@@ -130,21 +137,35 @@ class SchedulePlugin:
     def _on_agent_created(self, agent: AgentHandle) -> None:
         if not agent.is_root:
             return
-        for definition in tool_definitions(self.tools.calendar):
+        for definition in self._definitions:
             handler = partial(self.tools.call, agent.agent_id, definition.name)
             agent.register_tool(definition, handler)
-        self.installed.append(agent.agent_id)
         with log_context(agent=agent.agent_id):
             self.bridge.install(agent.agent_id)
             log.info("installed Schedule on %s", agent.agent_id)
 
+    @property
+    def installed(self) -> list[str]:
+        """The agents Schedule is installed on and this host serves, in install order."""
+        return self.bridge.served
+
     def renew_leases(self) -> list[str]:
-        """Renew every installed agent's lease in one batched grant (one round trip per
-        few thousand agents); returns the agents whose lease was new, which are woken
-        together and looked at again by ``bridge.ready``."""
-        renewed = self.bridge.renew(self.installed)
+        """Renew this host's lease: one command however many agents it serves
+        (``HostBridge.renew``); returns the agents whose lease was new (Redis lost them,
+        or the lease had expired), which are woken together and looked at again by
+        ``bridge.ready``."""
+        renewed = self.bridge.renew()
         metrics.get().pass_done("lease_renewal", time.time())
         return renewed
+
+    def check_redis(self) -> list[str]:
+        """What a host's loop runs about once a second (``generation_check_s``): the
+        generation marker (``HostBridge.check_generation``: every agent woken at once
+        when Redis lost its data), then the re-arms owed since Redis last failed
+        (``ScheduleTools.repay_owed``). One command when nothing was lost or owed.
+        Returns the agents woken."""
+        woken = self.bridge.check_generation()
+        return [*woken, *self.tools.repay_owed()]
 
     def health(self) -> status.Health:
         """Whether reminders can fire for this host's agents now: ``ok`` when the scheduler
@@ -165,10 +186,11 @@ class SchedulePlugin:
             self._unsubscribe()
             self._unsubscribe = None
         self.tools.close()
-        # Their leases run out, and the reconcile pass removes the rest, for the agents
-        # not disposed of cleanly.
-        for start in range(0, len(self.installed), DISPOSE_BATCH):
-            batch = self.installed[start:start + DISPOSE_BATCH]
+        # For the agents not disposed of cleanly, this host's lease runs out, and the
+        # reconcile pass removes the rest.
+        installed = self.installed
+        for start in range(0, len(installed), DISPOSE_BATCH):
+            batch = installed[start:start + DISPOSE_BATCH]
             try:
                 # Waits for each agent's transaction in flight.
                 left = self.bridge.dispose_many(batch)
@@ -178,4 +200,3 @@ class SchedulePlugin:
                 continue
             for agent in left:
                 log.warning("could not dispose of %s cleanly: its lock stayed busy", agent)
-        self.installed.clear()

@@ -313,30 +313,36 @@ class ReferenceHost:
         Through a Redis outage — a lost connection, or an error reply that means "not
         now" (``is_outage``: out of memory, a read-only replica, too few replicas, ...) —
         it keeps running: it says once that Redis went away and once that it is back, and
-        renews every lease at once when it is back, so a lease Redis lost is granted again
-        and wakes its agent (docs/architecture.md#outages); every agent is looked at once
-        more, for announcements made while it could not read. Any other Redis error is a
+        checks the generation marker and renews its lease at once when it is back, so
+        agents Redis lost are installed again and woken (docs/architecture.md#outages);
+        every agent is looked at once more, for announcements made while it could not
+        read. About once a second (``generation_check_s``) it checks the marker and wakes
+        the agents whose re-arm failed (``SchedulePlugin.check_redis``). Any other Redis error is a
         bug and ends the loop. Through a disk outage it keeps running too (the module's
         docstring).
         """
         outage = Outage(log, "host")
         bridge = self.plugin.bridge
-        next_renew_ms = 0
+        next_renew_ms = next_check_ms = 0
         recheck = False
         while not stop.is_set():
             try:
+                if self.clock() >= next_check_ms:
+                    self.plugin.check_redis()
+                    next_check_ms = self.clock() + int(
+                        self.settings.generation_check_s * 1000)
                 if self.clock() >= next_renew_ms:
                     self.plugin.renew_leases()
                     next_renew_ms = self.clock() + int(self.settings.lease_renew_s * 1000)
                 if recheck:
                     bridge.recheck_all()
                     recheck = False
-                wait_s = min(poll_s, max(next_renew_ms - self.clock(), 0) / 1000)
-                self.serve(wait_s)
+                until_ms = min(next_renew_ms, next_check_ms) - self.clock()
+                self.serve(min(poll_s, max(until_ms, 0) / 1000))
             except redis.RedisError as exc:
                 if not is_outage(exc):
                     raise
-                next_renew_ms = 0  # renew first thing once Redis is back
+                next_renew_ms = next_check_ms = 0  # both first thing once Redis is back
                 recheck = True
                 stop.wait(outage.failed(exc))
                 continue

@@ -1,7 +1,8 @@
 """The three management transactions (docs/architecture.md#management-tools).
 
 Shape checks run before the queue. Then, holding the per-agent lock: preflight flush,
-fold, one ``now`` sample, a fenced append, the barrier flush, and the owner's recompute.
+fold, one ``now`` sample, a fenced append, the barrier flush, and the re-arm from the latest
+confirmed fold (owed, and retried once Redis answers, when it fails).
 A fence conflict re-reads, re-folds and re-decides; it is not an error.
 
 Every call is counted and timed by tool and answer code when metrics are on, and lines it
@@ -21,6 +22,7 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import HeldLock, LockUnavailable
+from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
@@ -57,8 +59,9 @@ class _Uncertain(Exception):
         self.schedule_id = schedule_id
 
 
-class _Recompute:
-    """The fold the owner should recompute from when the transaction ends."""
+class _LatestFold:
+    """The latest confirmed fold of a transaction: what the re-arm recomputes from when
+    it ends (None: nothing was confirmed, nothing to re-arm)."""
 
     def __init__(self) -> None:
         self.state: FoldState | None = None
@@ -81,6 +84,7 @@ class ScheduleTools:
         settings: Settings,
         clock: Clock,
         calendar: bool | None = None,
+        owed: OwedRearms | None = None,
     ) -> None:
         self.calendar = settings.calendar if calendar is None else calendar
         self._store = store
@@ -88,6 +92,7 @@ class ScheduleTools:
         self._settings = settings
         self._clock = clock
         self._closed = False
+        self.owed = OwedRearms() if owed is None else owed
 
     def close(self) -> None:
         """Stop new work: later calls answer ``internal_error`` and touch nothing."""
@@ -146,8 +151,8 @@ class ScheduleTools:
         request = parse_create_args(
             args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar)
 
-        def attempt(owner: _Recompute) -> ToolResult:
-            session, state = self._preflight(agent, owner)
+        def attempt(latest: _LatestFold) -> ToolResult:
+            session, state = self._preflight(agent, latest)
             now = self._clock()
 
             def zone() -> str:
@@ -157,7 +162,7 @@ class ScheduleTools:
             add_log_context(schedule_id=change.schedule.id)
             state = self._append(agent, session, state, change, now)
             self._barrier(agent, change.schedule.id)
-            owner.confirmed(state)
+            latest.confirmed(state)
             return ok_result(schedule_view(change.schedule, state, now))
 
         return self._transaction(agent, "create", attempt)
@@ -165,8 +170,8 @@ class ScheduleTools:
     def _list(self, agent: str, args: Any) -> ToolResult:
         parse_list_args(args)
 
-        def attempt(owner: _Recompute) -> ToolResult:
-            _session, state = self._preflight(agent, owner)
+        def attempt(latest: _LatestFold) -> ToolResult:
+            _session, state = self._preflight(agent, latest)
             return ok_result(list_value(state, self._clock()))
 
         return self._transaction(agent, "list", attempt)
@@ -175,14 +180,14 @@ class ScheduleTools:
         schedule_id = parse_delete_args(args)
         add_log_context(schedule_id=schedule_id)
 
-        def attempt(owner: _Recompute) -> ToolResult:
-            session, state = self._preflight(agent, owner)
+        def attempt(latest: _LatestFold) -> ToolResult:
+            session, state = self._preflight(agent, latest)
             now = self._clock()
             if state.find(schedule_id) is None:
                 return ok_result(delete_value(schedule_id, deleted=False))
             state = self._append(agent, session, state, DeleteChange(id=schedule_id), now)
             self._barrier(agent, schedule_id)
-            owner.confirmed(state)
+            latest.confirmed(state)
             return ok_result(delete_value(schedule_id, deleted=True))
 
         return self._transaction(agent, "delete", attempt)
@@ -190,35 +195,44 @@ class ScheduleTools:
     # -- steps ----------------------------------------------------------------------
 
     def _transaction(
-        self, agent: str, operation: str, attempt: Callable[[_Recompute], ToolResult]
+        self, agent: str, operation: str, attempt: Callable[[_LatestFold], ToolResult]
     ) -> ToolResult:
-        """Run ``attempt`` under the agent's lock, re-deciding on fence conflicts, then ask
-        the owner to recompute. Once an attempt has answered, nothing that fails while
-        finishing (the re-arm, the lock's release) changes the answer: the log already
-        holds what it confirmed (docs/architecture.md#outages)."""
-        owner = _Recompute()
+        """Run ``attempt`` under the agent's lock, re-deciding on fence conflicts, then
+        re-arm. Once an attempt has answered, nothing that fails while finishing (the
+        re-arm, the lock's release) changes the answer: the log already holds what it
+        confirmed (docs/architecture.md#outages)."""
+        latest = _LatestFold()
         with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s) as held:
             try:
-                return retry_fenced(f"{operation} for {agent}", lambda _n: attempt(owner))
+                return retry_fenced(f"{operation} for {agent}", lambda _n: attempt(latest))
             finally:
-                self._recompute(agent, owner, held)
+                self._rearm(agent, latest, held)
 
-    def _recompute(self, agent: str, owner: _Recompute, held: HeldLock) -> None:
-        """Ask the owner to recompute from the latest confirmed fold (the preflight's, or
-        the mutation's once its barrier passed), releasing the lock in the re-arm's own
-        write; a failure here is logged, never answered."""
-        if owner.state is None:
+    def _rearm(self, agent: str, latest: _LatestFold, held: HeldLock) -> None:
+        """Re-arm from the latest confirmed fold (the preflight's, or the mutation's once
+        its barrier passed), releasing the lock in the re-arm's own
+        write; a failure here is logged, never answered, and the re-arm is owed: retried
+        by ``repay_owed`` once Redis answers (docs/architecture.md#owed-re-arms)."""
+        if latest.state is None:
             return
         try:
-            self._coord.rearm(agent, owner.state, self._clock(), release=held)
+            self._coord.rearm(agent, latest.state, self._clock(), release=held)
         except redis.RedisError as exc:
             metrics.get().redis_error()
-            log.warning("re-arm for %s failed (%s); a new lease or the reconcile pass "
-                        "re-arms it", agent, type(exc).__name__)
+            self.owed.owe([agent])
+            log.warning("re-arm for %s failed (%s); it is woken once Redis answers",
+                        agent, type(exc).__name__)
         except Exception:
-            log.exception("re-arm for %s failed; the reconcile pass re-arms it", agent)
+            self.owed.owe([agent])
+            log.exception("re-arm for %s failed; it is woken again", agent)
 
-    def _preflight(self, agent: str, owner: _Recompute) -> tuple[Session, FoldState]:
+    def repay_owed(self) -> list[str]:
+        """Wake every agent whose re-arm failed (``OwedRearms.repay``): nothing is sent
+        when none is owed, so a host calls it on every pass of its loop. Raises
+        ``redis.RedisError`` while Redis does not answer (the agents stay owed)."""
+        return self.owed.repay(self._coord)
+
+    def _preflight(self, agent: str, latest: _LatestFold) -> tuple[Session, FoldState]:
         """Flush, then fold the confirmed log; a successful preflight asks for a recompute."""
         try:
             self._store.flush(agent)
@@ -226,7 +240,7 @@ class ScheduleTools:
         except PersistenceError as exc:
             log.warning("preflight failed for %s: %s", agent, exc.reason)
             raise _Uncertain() from None
-        owner.confirmed(state)
+        latest.confirmed(state)
         return session, state
 
     def _append(

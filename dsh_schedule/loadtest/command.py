@@ -33,15 +33,15 @@ from dsh_schedule.loadtest.figures import Figures, PeerBurst, PeerIdle, peers_fi
 from dsh_schedule.loadtest.long_session import measure_long_session
 from dsh_schedule.loadtest.peers import peers_burst, peers_idle
 from dsh_schedule.loadtest.phases import Plan, measure_create, measure_due, measure_lateness
-from dsh_schedule.loadtest.processes import (
+from dsh_schedule.loadtest.process_phases import (
     RuntimeFactory,
     cpu_window,
     measure_burst,
     measure_idle,
     measure_process_memory,
 )
+from dsh_schedule.loadtest.process_runtime import RedisRuntime, with_db
 from dsh_schedule.loadtest.rebuild import measure_rebuild
-from dsh_schedule.loadtest.redisruntime import RedisRuntime, with_db
 from dsh_schedule.loadtest.report import Result, render_table, targets
 from dsh_schedule.loadtest.runtime import EmbeddedRuntime, LoadtestError, Runtime
 from dsh_schedule.loadtest.stats import Progress, Stopwatch, machine

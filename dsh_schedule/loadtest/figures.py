@@ -141,6 +141,14 @@ class IdleFigure(msgspec.Struct, frozen=True, kw_only=True):
     bytes_per_agent: float | None = None
     """``INFO memory`` ``used_memory`` once every agent was armed, less before the
     processes started, over N: what a live idle agent holds in Redis."""
+    bytes_by_key: dict[str, float] = {}
+    """``MEMORY USAGE`` per agent of each kind of key an idle agent holds (its rq wake job
+    included) and its share of the keys all agents share."""
+    host_rss_mib: float | None = None
+    worker_rss_mib: float | None = None  # the largest worker's
+    flush_recovery_seconds: float | None = None
+    """From every key of the run lost at once (one transaction, as a flush loses them)
+    until every agent's wake is armed again and the queue is idle."""
 
 
 class BurstFigure(msgspec.Struct, frozen=True, kw_only=True):

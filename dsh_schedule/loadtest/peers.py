@@ -33,7 +33,7 @@ from rq import Queue
 
 from dsh_schedule.loadtest.baseline import JOB_TIMEOUT_S, fsynced_append
 from dsh_schedule.loadtest.figures import CpuWindow, PeerBurst, PeerIdle
-from dsh_schedule.loadtest.redisruntime import RedisRuntime
+from dsh_schedule.loadtest.process_runtime import RedisRuntime
 from dsh_schedule.loadtest.runtime import LoadtestError
 from dsh_schedule.loadtest.stats import Latency, Progress, latency
 from dsh_schedule.shared.clock import wall_clock_ms

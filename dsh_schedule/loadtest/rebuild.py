@@ -148,7 +148,8 @@ def measure_memory(client: redis.Redis, coord: Coordination, names: Sequence[str
         "lock, phase, idle waiter": [k for n in names
                                      for k in (keys.lock(n), keys.phase(n), keys.idle_waiter(n))],
         "rq wake job": [Job.key_for(w.decode()) for w in wakes if w is not None],
-        "share of live-lease zset": [keys.live()],
+        "share of agent-host hash": [keys.agent_host()],
+        "share of served sets": [keys.served(h) for h in coord.leases.live_hosts(now_ms=0)],
         "share of lease-queue hash": [keys.lease_queue()],
         "share of scheduled-wakes zset": [keys.scheduled_jobs()],
     }

@@ -203,6 +203,14 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
                      _fmt(i.bare.commands_per_s), _fmt(i.ratio_commands, "x")))
         rows.append(("idle busiest Redis commands/s", _busiest(i.ours), _busiest(i.bare), ""))
         rows.append(("idle Redis bytes per agent / job", _fmt(i.bytes_per_agent), "", ""))
+        if i.bytes_by_key:
+            rows.append(("idle Redis bytes per agent by key", ", ".join(
+                f"{kind} {size:g}" for kind, size in i.bytes_by_key.items()), "", ""))
+        rows.append(("idle time to arm every agent, s", _fmt(i.ready_seconds), "", ""))
+        rows.append(("idle flush -> every wake back, s", _fmt(i.flush_recovery_seconds),
+                     "", ""))
+        rows.append(("idle host / worker RSS, MiB",
+                     f"{_fmt(i.host_rss_mib)} / {_fmt(i.worker_rss_mib)}", "", ""))
     if (b := f.burst) is not None:
         rows.append((f"burst due->followup ({b.agents:,} agents)", _lat(b.followup),
                      _lat(b.bare), _fmt(b.ratio_p99, "x p99")))

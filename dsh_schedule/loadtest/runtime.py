@@ -1,7 +1,7 @@
 """Where the load test runs the system: embedded in this process, or real processes.
 
 ``EmbeddedRuntime`` steps the whole system in this process on the embedded Redis (the
-mover, one ``SimpleWorker``, the hosts). ``redisruntime.RedisRuntime`` runs real
+mover, one ``SimpleWorker``, the hosts). ``process_runtime.RedisRuntime`` runs real
 ``dsh-schedule`` processes against a real Redis. Both serve the phases as a ``Runtime``.
 """
 

@@ -23,13 +23,27 @@ class Keys:
     def idle_waiter(self, agent: str) -> str:
         return f"{self.prefix}waiter:{agent}"
 
-    def live(self) -> str:
-        """ZSET agent -> lease expiry (epoch ms)."""
-        return f"{self.prefix}live"
+    def hosts(self) -> str:
+        """ZSET host -> the expiry of its lease (epoch ms): an agent is live while the
+        host serving it holds a valid lease (docs/architecture.md#leases)."""
+        return f"{self.prefix}hosts"
+
+    def served(self, host: str) -> str:
+        """SET of the agents ``host`` serves; ``served("")`` is the prefix of them all."""
+        return f"{self.prefix}served:{host}"
+
+    def agent_host(self) -> str:
+        """HASH agent -> the host serving it (written at install, never at a renewal)."""
+        return f"{self.prefix}agent-host"
 
     def lease_queue(self) -> str:
         """HASH agent -> the rq queue beside the agent's session store."""
         return f"{self.prefix}lease-queue"
+
+    def generation(self) -> str:
+        """STRING: a token written once; a Redis without it has lost data
+        (docs/architecture.md#the-generation-marker)."""
+        return f"{self.prefix}generation"
 
     def followups(self, agent: str) -> str:
         return f"{self.prefix}followups:{agent}"

@@ -1,129 +1,201 @@
-"""Live-agent leases (docs/architecture.md#hosts-followups-and-rebuild): which agents are live,
-and on which rq queue.
+"""Liveness per host (docs/architecture.md#hosts-followups-and-rebuild): which agents are
+live, and on which rq queue.
 
-A lease is an entry in one ZSET (agent -> expiry, epoch ms) plus the agent's queue in one
-HASH. Granting or renewing re-creates whatever Redis lost; a new lease reports itself so
-that the caller enqueues an immediate wake. (The followup consumer group is re-created
-by its reader, the moment the stream holds entries: see ``Followups.read``.)
-A host renews all its leases with ``grant_many``: one script call, so one round trip, per
-``GRANT_BATCH`` agents.
+A host holds one lease for itself: an entry of one ZSET (host -> expiry, epoch ms). Beside
+it the host's served set (a SET of agent ids) and, per agent, the host serving it (one
+HASH, agent -> host) and its queue (one HASH, agent -> queue). An agent is live while the
+host that serves it holds a valid lease. Installing and disposing of agents write the
+set and the hashes; a renewal writes the host's own entry only, so it costs the same
+command whatever the number of agents the host serves (``renew_host``).
+
+Installing an agent another host serves moves it: it leaves the other host's set, and
+the agent's hash entry names the new host. An install reports the agents that had no
+valid lease before (or that moved), so the caller enqueues their wakes. An expired host
+lease is found by the reconcile pass in one read of the hosts ZSET
+(``expired_hosts``); its agents are then retired, a batch at a time (``served_batch``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import redis
 
 from dsh_schedule.shared.coordination.keys import Keys
 
-# KEYS[1] live zset, KEYS[2] lease-queue hash; ARGV[1] agent, ARGV[2] expiry ms,
-# ARGV[3] now ms, ARGV[4] queue. Returns 1 when the agent had no valid lease before.
-_GRANT = """
-local old = redis.call('ZSCORE', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
-if (not old) or tonumber(old) < tonumber(ARGV[3]) then
-  return 1
-end
-return 0
-"""
+INSTALL_BATCH: Final = 2_000  # agents per install call (one script call, one round trip)
 
-GRANT_BATCH: Final = 2_000
-
-# KEYS[1] live zset, KEYS[2] lease-queue hash; ARGV[1] expiry ms, ARGV[2] now ms, ARGV[3]
-# queue, ARGV[4..] the agents. Grants or renews each agent's lease; returns the agents that
-# had no valid lease before (in ARGV order).
-_GRANT_MANY = """
-local expiry, now, queue = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+# KEYS[1] hosts zset, KEYS[2] agent-host hash, KEYS[3] lease-queue hash, KEYS[4] this
+# host's served set; ARGV[1] host, ARGV[2] expiry ms, ARGV[3] now ms, ARGV[4] queue,
+# ARGV[5] the served-set key prefix, ARGV[6..] agents. Renews the host's lease, serves each
+# agent from this host (moving it from the host that served it), and returns the agents
+# that were not live here before: no host, an expired one, or another host.
+_INSTALL = """
+local host, now, queue, served = ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local mine = redis.call('ZSCORE', KEYS[1], host)
+local mine_live = mine and tonumber(mine) >= now
+redis.call('ZADD', KEYS[1], ARGV[2], host)
 local new = {}
-for i = 4, #ARGV do
+for i = 6, #ARGV do
   local agent = ARGV[i]
-  local old = redis.call('ZSCORE', KEYS[1], agent)
-  redis.call('ZADD', KEYS[1], expiry, agent)
-  redis.call('HSET', KEYS[2], agent, queue)
-  if (not old) or tonumber(old) < now then
+  local old = redis.call('HGET', KEYS[2], agent)
+  if old ~= host then
+    if old then redis.call('SREM', served .. old, agent) end
+    redis.call('HSET', KEYS[2], agent, host)
     new[#new + 1] = agent
+  elseif not mine_live or redis.call('SADD', KEYS[4], agent) == 1 then
+    new[#new + 1] = agent
+  end
+  redis.call('SADD', KEYS[4], agent)
+  if redis.call('HGET', KEYS[3], agent) ~= queue then
+    redis.call('HSET', KEYS[3], agent, queue)
   end
 end
 return new
 """
 
+# KEYS[1] hosts zset, KEYS[2] this host's served set; ARGV[1] host, ARGV[2] expiry ms,
+# ARGV[3] now ms. Returns {1 when the host's lease was valid, the size of its served set}.
+_RENEW_HOST = """
+local old = redis.call('ZSCORE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local valid = 0
+if old and tonumber(old) >= tonumber(ARGV[3]) then valid = 1 end
+return {valid, redis.call('SCARD', KEYS[2])}
+"""
+
+# KEYS[1] hosts zset, KEYS[2] agent-host hash; ARGV[1] now ms, ARGV[2..] agents. Returns,
+# per agent, its host when that host's lease is valid, else false.
+_HOSTS_OF = """
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV do
+  local host = redis.call('HGET', KEYS[2], ARGV[i])
+  if host then
+    local expiry = redis.call('ZSCORE', KEYS[1], host)
+    if not expiry or tonumber(expiry) < now then host = false end
+  end
+  out[i - 1] = host or false
+end
+return out
+"""
+
+# KEYS[1] agent-host hash, KEYS[2] lease-queue hash; ARGV[1] the served-set key prefix,
+# ARGV[2..] agents. Ends each agent's lease: it leaves its host's set and both hashes.
+_DROP = """
+for i = 2, #ARGV do
+  local host = redis.call('HGET', KEYS[1], ARGV[i])
+  if host then redis.call('SREM', ARGV[1] .. host, ARGV[i]) end
+  redis.call('HDEL', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
+return 1
+"""
+
+# KEYS[1] hosts zset, KEYS[2] the host's served set; ARGV[1] host, ARGV[2] now ms. Forgets
+# an expired host whose set is empty; 1 when it did (a host that renewed is kept).
+_FORGET_HOST = """
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expiry and tonumber(expiry) >= tonumber(ARGV[2]) then return 0 end
+if redis.call('SCARD', KEYS[2]) > 0 then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class HostRenewal(NamedTuple):
+    """One renewal of a host's lease: whether the lease was still valid, and how many
+    agents Redis holds in its served set."""
+
+    was_valid: bool
+    served: int
+
 
 class Leases:
-    """Leases under one prefix; an agent whose lease names no queue uses ``default_queue``."""
+    """Host leases under one prefix; an agent whose lease names no queue uses
+    ``default_queue``."""
 
     def __init__(self, client: redis.Redis, keys: Keys, *, default_queue: str) -> None:
         self._client = client
         self._keys = keys
         self._default_queue = default_queue
-        self._grant = client.register_script(_GRANT)
-        self._grant_many = client.register_script(_GRANT_MANY)
+        self._install = client.register_script(_INSTALL)
+        self._renew_host = client.register_script(_RENEW_HOST)
+        self._hosts_of = client.register_script(_HOSTS_OF)
+        self._drop = client.register_script(_DROP)
+        self._forget_host = client.register_script(_FORGET_HOST)
 
-    def grant(self, agent: str, queue: str, *, now_ms: int, ttl_s: float) -> bool:
-        """Create or renew the lease; True when it is new (the caller enqueues a wake)."""
-        expiry = now_ms + int(ttl_s * 1000)
-        new = self._grant(
-            keys=[self._keys.live(), self._keys.lease_queue()],
-            args=[agent, expiry, now_ms, queue],
-        )
-        return bool(new)
+    # -- a host's side ----------------------------------------------------------------
 
-    def grant_many(
-        self, agents: Sequence[str], queue: str, *, now_ms: int, ttl_s: float
+    def install(
+        self, host: str, agents: Sequence[str], queue: str, *, now_ms: int, ttl_s: float
     ) -> list[str]:
-        """``grant`` for many agents on one queue: one script call (one round trip) per
-        ``GRANT_BATCH`` agents. Returns the agents whose lease is new, in the order given
-        (the caller enqueues their wakes)."""
+        """Serve ``agents`` from ``host`` on ``queue`` and renew the host's lease: one
+        script call (one round trip) per ``INSTALL_BATCH`` agents. Returns the agents
+        that were not live on this host before, in the order given (the caller enqueues
+        their wakes)."""
         expiry = now_ms + int(ttl_s * 1000)
+        keys = [self._keys.hosts(), self._keys.agent_host(), self._keys.lease_queue(),
+                self._keys.served(host)]
         new: list[str] = []
-        for start in range(0, len(agents), GRANT_BATCH):
-            granted: list[Any] = self._grant_many(
-                keys=[self._keys.live(), self._keys.lease_queue()],
-                args=[expiry, now_ms, queue, *agents[start : start + GRANT_BATCH]],
-            )
-            new.extend(m.decode() if isinstance(m, bytes) else str(m) for m in granted)
+        for start in range(0, max(len(agents), 1), INSTALL_BATCH):
+            found: list[Any] = self._install(keys=keys, args=[
+                host, expiry, now_ms, queue, self._keys.served(""),
+                *agents[start : start + INSTALL_BATCH]])
+            new.extend(_text(m) for m in found)
         return new
 
+    def grant(self, agent: str, queue: str, *, now_ms: int, ttl_s: float,
+              host: str = "host") -> bool:
+        """``install`` of one agent; True when its lease is new."""
+        return bool(self.install(host, [agent], queue, now_ms=now_ms, ttl_s=ttl_s))
+
+    def renew_host(self, host: str, *, now_ms: int, ttl_s: float) -> HostRenewal:
+        """Renew the host's own lease: one script call, whatever the number of agents it
+        serves. Whether the lease was still valid, and the size of its served set (a host
+        whose lease had expired, or whose set is not what it serves, installs again)."""
+        valid, served = self._renew_host(
+            keys=[self._keys.hosts(), self._keys.served(host)],
+            args=[host, now_ms + int(ttl_s * 1000), now_ms])
+        return HostRenewal(bool(valid), int(served))
+
+    def served_here(self, host: str, agents: Sequence[str]) -> list[bool]:
+        """Whether each of ``agents`` is in the host's served set, in one round trip."""
+        if not agents:
+            return []
+        found: list[Any] = self._client.smismember(self._keys.served(host), list(agents))
+        return [bool(f) for f in found]
+
+    # -- whoever asks -----------------------------------------------------------------
+
+    def hosts_of(self, agents: Sequence[str], *, now_ms: int) -> list[str | None]:
+        """The host serving each agent when that host's lease is valid (None: not live),
+        in one round trip."""
+        if not agents:
+            return []
+        found: list[Any] = self._hosts_of(
+            keys=[self._keys.hosts(), self._keys.agent_host()], args=[now_ms, *agents])
+        return [_text(h) if h else None for h in found]
+
     def is_live(self, agent: str, *, now_ms: int) -> bool:
-        score = self._client.zscore(self._keys.live(), agent)
-        return score is not None and score >= now_ms
+        return self.hosts_of([agent], now_ms=now_ms)[0] is not None
 
     def live_among(self, agents: Sequence[str], *, now_ms: int) -> list[str]:
         """The agents of ``agents`` that hold a valid lease, in one round trip."""
-        if not agents:
-            return []
-        scores = self._client.zmscore(self._keys.live(), list(agents))
-        return [a for a, score in zip(agents, scores, strict=True)
-                if score is not None and score >= now_ms]
+        return [a for a, host in zip(agents, self.hosts_of(agents, now_ms=now_ms),
+                                     strict=True) if host is not None]
 
     def live_queues(self, agents: Sequence[str], *, now_ms: int) -> dict[str, str]:
-        """The queue of each agent of ``agents`` that holds a valid lease, in one round
-        trip; agents without a valid lease are left out."""
-        if not agents:
-            return {}
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                self.live_queue_commands(agent, pipe)
-            replies = pipe.execute()
-        found: dict[str, str] = {}
-        for index, agent in enumerate(agents):
-            queue = self.live_queue_reply(replies[2 * index], replies[2 * index + 1],
-                                          now_ms=now_ms)
-            if queue is not None:
-                found[agent] = queue
-        return found
+        """The queue of each agent of ``agents`` that holds a valid lease, in two round
+        trips; agents without a valid lease are left out."""
+        live = self.live_among(agents, now_ms=now_ms)
+        return dict(zip(live, self.queues_of(live), strict=True))
 
-    def live_queue_commands(self, agent: str, pipe: Any) -> None:
-        """Queue on ``pipe`` the two reads ``live_queue_reply`` decides from."""
-        pipe.zscore(self._keys.live(), agent)
-        pipe.hget(self._keys.lease_queue(), agent)
-
-    def live_queue_reply(self, score: Any, queue: Any, *, now_ms: int) -> str | None:
-        """The agent's queue when its lease is valid at ``now_ms`` (None: not live), from
-        the replies of ``live_queue_commands``."""
-        if score is not None and score >= now_ms:
+    def live_queue_reply(self, expiry: Any, queue: Any, *, now_ms: int) -> str | None:
+        """The agent's queue when the lease of its host (which expires at ``expiry``, None
+        when there is none) is valid at ``now_ms`` (None: not live)."""
+        if expiry is not None and float(expiry) >= now_ms:
             return self._queue(queue)
         return None
 
@@ -141,15 +213,55 @@ class Leases:
     def _queue(self, value: object) -> str:
         return value.decode() if isinstance(value, bytes) else self._default_queue
 
-    def live_agents(self, *, now_ms: int) -> list[str]:
-        members: list[Any] = self._client.zrangebyscore(self._keys.live(), now_ms, "+inf")
-        return [m.decode() for m in members]
+    def live_hosts(self, *, now_ms: int) -> list[str]:
+        members: list[Any] = self._client.zrangebyscore(self._keys.hosts(), now_ms, "+inf")
+        return [_text(m) for m in members]
 
-    def expired_agents(self, *, now_ms: int) -> list[str]:
+    def expired_hosts(self, *, now_ms: int) -> list[str]:
+        """The hosts whose lease expired (their agents are to be retired): one read,
+        whatever the number of agents."""
         members: list[Any] = self._client.zrangebyscore(
-            self._keys.live(), "-inf", f"({now_ms}"
-        )
-        return [m.decode() for m in members]
+            self._keys.hosts(), "-inf", f"({now_ms}")
+        return [_text(m) for m in members]
+
+    def live_agents(self, *, now_ms: int) -> list[str]:
+        """Every live agent, in id order: the served sets of the live hosts (a rebuild's
+        read, and ``status``'s; O(agents), never a periodic pass's)."""
+        agents: list[str] = []
+        for host in self.live_hosts(now_ms=now_ms):
+            members: Any = self._client.smembers(self._keys.served(host))
+            agents.extend(_text(m) for m in members)
+        return sorted(set(agents))
+
+    def count_served(self, hosts: Sequence[str]) -> int:
+        """How many agents the hosts' served sets hold together, in one round trip."""
+        if not hosts:
+            return 0
+        with self._client.pipeline(transaction=False) as pipe:
+            for host in hosts:
+                pipe.scard(self._keys.served(host))
+            return sum(int(n) for n in pipe.execute())
+
+    def served_batch(self, host: str, count: int) -> list[str]:
+        """Up to about ``count`` agents of the host's served set that it still serves
+        (an agent that moved to another host meanwhile is left out, and leaves the set)."""
+        members: Any = self._client.srandmember(self._keys.served(host), count)
+        agents = [_text(m) for m in members]
+        if not agents:
+            return []
+        owners: list[Any] = self._client.hmget(self._keys.agent_host(), agents)
+        moved = [a for a, owner in zip(agents, owners, strict=True)
+                 if owner is not None and _text(owner) != host]
+        if moved:
+            self._client.srem(self._keys.served(host), *moved)
+        gone = set(moved)
+        return [a for a in agents if a not in gone]
+
+    def forget_host(self, host: str, *, now_ms: int) -> bool:
+        """Forget an expired host whose served set is empty (all its agents retired);
+        False while it is live again or still serves agents."""
+        return bool(self._forget_host(keys=[self._keys.hosts(), self._keys.served(host)],
+                                      args=[host, now_ms]))
 
     def drop(self, agent: str) -> None:
         self.drop_many([agent])
@@ -158,7 +270,9 @@ class Leases:
         """End the leases of many agents, in one round trip."""
         if not agents:
             return
-        with self._client.pipeline() as pipe:
-            pipe.zrem(self._keys.live(), *agents)
-            pipe.hdel(self._keys.lease_queue(), *agents)
-            pipe.execute()
+        self._drop(keys=[self._keys.agent_host(), self._keys.lease_queue()],
+                   args=[self._keys.served(""), *agents])
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

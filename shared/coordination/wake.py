@@ -361,11 +361,12 @@ class WakeProjection:
         # One read for everything arming and announcing need: the server's clock, and per
         # agent its lease and queue, its oldest followup entry (one script call per
         # hundred agents), its current wake (``queue_arm_facts``).
-        live, lease_queue = self._keys.live(), self._keys.lease_queue()
+        hosts, agent_host = self._keys.hosts(), self._keys.agent_host()
+        lease_queue = self._keys.lease_queue()
         with self._client.pipeline(transaction=False) as pipe:
             pipe.time()
             calls = queue_script_batch(pipe, _LEASE_AND_OLDEST, [
-                ([live, lease_queue, self._keys.followups(agent)], [agent])
+                ([agent_host, lease_queue, self._keys.followups(agent), hosts], [agent])
                 for agent, _target in targets
             ])
             fact_calls = self.queue_arm_facts(pipe, targets)

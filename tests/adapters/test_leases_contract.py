@@ -8,7 +8,7 @@ import redis
 
 from dsh_schedule.shared.coordination.followups import Followups, Pair
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.leases import GRANT_BATCH, Leases
+from dsh_schedule.shared.coordination.leases import INSTALL_BATCH, HostRenewal, Leases
 from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
@@ -56,48 +56,89 @@ def test_a_grant_reports_whether_the_lease_is_new(
     [(T0, True), (EXPIRY - 1, True), (EXPIRY, True), (EXPIRY + 1, False)],
     ids=["at-grant", "before-expiry", "at-expiry", "after-expiry"],
 )
-def test_liveness_is_judged_by_the_now_passed_in(leases: Leases, now_ms: int, live: bool) -> None:
-    # given one lease granted at T0 for 60 s and one that stays live throughout
-    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.grant("agent-long", QUEUE, now_ms=T0, ttl_s=3600.0)
+def test_an_agent_is_live_while_its_hosts_lease_is(
+    leases: Leases, now_ms: int, live: bool
+) -> None:
+    # given a host whose lease runs 60 s from T0, and one whose lease stays live throughout
+    leases.install("host-a", [AGENT], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.install("host-b", ["agent-long"], QUEUE, now_ms=T0, ttl_s=3600.0)
     # then every view agrees on the agent at that instant
     assert leases.is_live(AGENT, now_ms=now_ms) is live
     assert (AGENT in leases.live_agents(now_ms=now_ms)) is live
-    assert (AGENT in leases.expired_agents(now_ms=now_ms)) is not live
+    assert ("host-a" in leases.expired_hosts(now_ms=now_ms)) is not live
     assert "agent-long" in leases.live_agents(now_ms=now_ms)
-    assert "agent-long" not in leases.expired_agents(now_ms=now_ms)
+    assert "host-b" not in leases.expired_hosts(now_ms=now_ms)
 
 
-def test_an_unknown_agent_is_neither_live_nor_expired(leases: Leases) -> None:
+def test_an_unknown_agent_is_neither_live_nor_served(leases: Leases) -> None:
     assert leases.is_live(AGENT, now_ms=T0) is False
     assert leases.live_agents(now_ms=T0) == []
-    assert leases.expired_agents(now_ms=T0) == []
+    assert leases.expired_hosts(now_ms=T0) == []
     assert leases.queue_of(AGENT) == DEFAULT_QUEUE
     assert leases.live_queues([AGENT], now_ms=T0) == {}
 
 
-def test_the_lease_records_the_queue_and_a_renewal_moves_it(leases: Leases) -> None:
-    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.grant("agent-2", "queue-b", now_ms=T0, ttl_s=TTL_S)
+def test_the_lease_records_the_queue_and_a_new_install_moves_it(leases: Leases) -> None:
+    leases.install("host-a", [AGENT], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.install("host-b", ["agent-2"], "queue-b", now_ms=T0, ttl_s=TTL_S)
     assert leases.queue_of(AGENT) == QUEUE
     assert leases.queue_of("agent-2") == "queue-b"
     assert leases.live_queues([AGENT, "agent-2", "agent-3"], now_ms=T0) == {
         AGENT: QUEUE, "agent-2": "queue-b"
     }
-    leases.grant(AGENT, "queue-c", now_ms=T0 + 1_000, ttl_s=TTL_S)
+    leases.install("host-a", [AGENT], "queue-c", now_ms=T0 + 1_000, ttl_s=TTL_S)
     assert leases.queue_of(AGENT) == "queue-c"
 
 
+def test_another_host_installing_an_agent_takes_it_over(leases: Leases) -> None:
+    # given an agent served by host-a
+    leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    # when host-b installs it (a session resumed elsewhere)
+    assert leases.install("host-b", [AGENT], "queue-b", now_ms=T0 + 1_000,
+                          ttl_s=TTL_S) == [AGENT]
+    # then host-b serves it, on its queue, and host-a's set no longer holds it
+    assert leases.hosts_of([AGENT, "agent-2"], now_ms=T0 + 1_000) == ["host-b", "host-a"]
+    assert leases.queue_of(AGENT) == "queue-b"
+    assert leases.served_here("host-a", [AGENT, "agent-2"]) == [False, True]
+    # and host-a's lease expiring leaves it live
+    assert leases.is_live(AGENT, now_ms=EXPIRY + 500) is True
+    assert leases.is_live("agent-2", now_ms=EXPIRY + 500) is False
+
+
 def test_drop_forgets_the_lease_and_its_queue(leases: Leases) -> None:
-    leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.grant("agent-2", QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
     leases.drop(AGENT)
     assert leases.is_live(AGENT, now_ms=T0) is False
     assert leases.queue_of(AGENT) == DEFAULT_QUEUE
     assert leases.live_agents(now_ms=T0) == ["agent-2"]
-    assert leases.expired_agents(now_ms=EXPIRY + 1) == ["agent-2"]
+    assert leases.served_batch("host-a", 10) == ["agent-2"]
     # and a later grant is new again
-    assert leases.grant(AGENT, QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) is True
+    assert leases.install("host-a", [AGENT], QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) == [AGENT]
+
+
+def test_renewing_a_host_reports_its_lease_and_its_served_set(
+    leases: Leases, redis_client: redis.Redis
+) -> None:
+    leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    assert leases.renew_host("host-a", now_ms=T0 + 20_000, ttl_s=TTL_S) == HostRenewal(
+        was_valid=True, served=2)
+    # a renewal after the lease ran out says so, and renews it
+    assert leases.renew_host("host-a", now_ms=T0 + 200_000, ttl_s=TTL_S) == HostRenewal(
+        was_valid=False, served=2)
+    assert leases.is_live(AGENT, now_ms=T0 + 200_000)
+    redis_client.flushdb()
+    assert leases.renew_host("host-a", now_ms=T0 + 220_000, ttl_s=TTL_S) == HostRenewal(
+        was_valid=False, served=0)
+
+
+def test_an_expired_host_is_forgotten_once_its_agents_are_retired(leases: Leases) -> None:
+    leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    later = EXPIRY + 1
+    assert leases.expired_hosts(now_ms=later) == ["host-a"]
+    assert leases.forget_host("host-a", now_ms=later) is False  # it still serves agents
+    leases.drop_many(sorted(leases.served_batch("host-a", 10)))
+    assert leases.forget_host("host-a", now_ms=later) is True
+    assert leases.expired_hosts(now_ms=later) == []
 
 
 def test_a_grant_recreates_what_a_flushed_redis_lost(
@@ -135,7 +176,8 @@ def test_lease_keys_are_under_the_prefix(
     leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
     written = sorted(k.decode() for k in redis_client.scan_iter(match="*"))
     # an idle agent's lease holds no stream: memory per live agent stays small
-    assert written == sorted([keys.live(), keys.lease_queue()])
+    assert written == sorted([keys.hosts(), keys.served("host"), keys.agent_host(),
+                              keys.lease_queue()])
 
 
 # -- renewal in batches -------------------------------------------------------------------
@@ -156,44 +198,56 @@ class RoundTrips:
         monkeypatch.setattr(connection_class, "send_packed_command", counting)
 
 
-def test_grant_many_reports_exactly_the_new_leases(leases: Leases) -> None:
-    # given a valid lease, an expired one, a dropped one, and an agent never leased
+def test_an_install_reports_exactly_the_new_leases(leases: Leases) -> None:
+    # given a valid lease, one whose host expired, a dropped one, and an agent never leased
     leases.grant("valid", QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.grant("expired", QUEUE, now_ms=T0 - 120_000, ttl_s=TTL_S)
+    leases.grant("expired", QUEUE, now_ms=T0 - 120_000, ttl_s=TTL_S, host="gone")
     leases.grant("dropped", QUEUE, now_ms=T0, ttl_s=TTL_S)
     leases.drop("dropped")
     agents = ["valid", "expired", "dropped", "never"]
-    # when all four are granted at once
-    new = leases.grant_many(agents, "queue-b", now_ms=T0 + 1_000, ttl_s=TTL_S)
-    # then the three without a valid lease are new, in the order given
+    # when all four are installed at once
+    new = leases.install("host", agents, "queue-b", now_ms=T0 + 1_000, ttl_s=TTL_S)
+    # then the three without a valid lease here are new, in the order given
     assert new == ["expired", "dropped", "never"]
     assert sorted(leases.live_agents(now_ms=T0 + 1_000 + 60_000)) == sorted(agents)
     assert leases.live_queues(agents, now_ms=T0 + 1_000) == dict.fromkeys(agents, "queue-b")
     # and renewing them again finds none new
-    assert leases.grant_many(agents, "queue-b", now_ms=T0 + 2_000, ttl_s=TTL_S) == []
-    assert leases.grant_many([], QUEUE, now_ms=T0, ttl_s=TTL_S) == []
+    assert leases.install("host", agents, "queue-b", now_ms=T0 + 2_000, ttl_s=TTL_S) == []
+    assert leases.install("host", [], QUEUE, now_ms=T0, ttl_s=TTL_S) == []
 
 
-def test_grant_many_after_a_flush_finds_every_lease_new(
+def test_an_install_after_a_flush_finds_every_lease_new(
     leases: Leases, redis_client: redis.Redis
 ) -> None:
     agents = [f"agent-{i}" for i in range(5)]
-    assert leases.grant_many(agents, QUEUE, now_ms=T0, ttl_s=TTL_S) == agents
+    assert leases.install("host", agents, QUEUE, now_ms=T0, ttl_s=TTL_S) == agents
     redis_client.flushdb()
-    assert leases.grant_many(agents, QUEUE, now_ms=T0 + 20_000, ttl_s=TTL_S) == agents
+    assert leases.install("host", agents, QUEUE, now_ms=T0 + 20_000, ttl_s=TTL_S) == agents
 
 
-@pytest.mark.parametrize(("size", "round_trips"), [(1, 1), (GRANT_BATCH, 1), (2_500, 2)])
-def test_grant_many_takes_one_round_trip_per_batch(
+@pytest.mark.parametrize(("size", "round_trips"), [(1, 1), (INSTALL_BATCH, 1), (2_500, 2)])
+def test_an_install_takes_one_round_trip_per_batch(
     leases: Leases, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
     size: int, round_trips: int,
 ) -> None:
     agents = [f"agent-{i:05d}" for i in range(size)]
-    leases.grant_many(["warm-up"], QUEUE, now_ms=T0, ttl_s=TTL_S)  # the script is loaded
+    leases.install("host", ["warm-up"], QUEUE, now_ms=T0, ttl_s=TTL_S)  # the script is loaded
     counter = RoundTrips(redis_client, monkeypatch)
-    new = leases.grant_many(agents, QUEUE, now_ms=T0, ttl_s=TTL_S)
+    new = leases.install("host", agents, QUEUE, now_ms=T0, ttl_s=TTL_S)
     assert counter.count == round_trips
     assert new == agents
     counter.count = 0
-    assert leases.grant_many(agents, QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) == []
+    assert leases.install("host", agents, QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) == []
     assert counter.count == round_trips
+
+
+@pytest.mark.parametrize("size", [1, 5_000])
+def test_a_host_renewal_is_one_round_trip_whatever_it_serves(
+    leases: Leases, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, size: int,
+) -> None:
+    leases.install("host", [f"agent-{i:05d}" for i in range(size)], QUEUE, now_ms=T0,
+                   ttl_s=TTL_S)
+    leases.renew_host("host", now_ms=T0, ttl_s=TTL_S)  # the script is loaded
+    counter = RoundTrips(redis_client, monkeypatch)
+    assert leases.renew_host("host", now_ms=T0 + 20_000, ttl_s=TTL_S).served == size
+    assert counter.count == 1

@@ -35,7 +35,7 @@ def _woken(coord: Coordination, queue: str) -> list[str]:
 
 
 def _lease(coord: Coordination, settings: Settings, *agents: str) -> None:
-    coord.leases.grant_many(list(agents), settings.queue,
+    coord.leases.install("host", list(agents), settings.queue,
                             now_ms=time.time_ns() // 1_000_000, ttl_s=60)
 
 

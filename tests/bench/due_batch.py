@@ -56,8 +56,8 @@ def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
     names = [f"due-{i:05d}" for i in range(agents)]
     write_sessions(JsonlStore.from_settings(settings), names, [], created_at_ms=wall_clock_ms())
     os.sync()
-    Coordination(client, settings).leases.grant_many(
-        names, settings.queue, now_ms=wall_clock_ms(), ttl_s=3600)
+    Coordination(client, settings).leases.install(
+        "host", names, settings.queue, now_ms=wall_clock_ms(), ttl_s=3600)
     tools = ScheduleTools(JsonlStore.from_settings(settings), Coordination(client, settings),
                           settings, wall_clock_ms)
     due_ms = (wall_clock_ms() // 1000 + 3 + agents // CREATES_PER_S) * 1000

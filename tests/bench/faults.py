@@ -96,7 +96,7 @@ class Trial:
             raise RuntimeError(run.stdout + run.stderr)
 
     def host_ready(self) -> bool:
-        return bool(self.client.zscore(Keys(self.prefix).live(), SESSION))
+        return bool(self.client.hget(Keys(self.prefix).agent_host(), SESSION))
 
     def result(self, started: float) -> dict[str, Any]:
         if not _wait(lambda: _delivered(self.store) >= 1, LIMITS["give_up_s"]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dsh_schedule.loadtest.figures import Figures, RebuildFigure
-from dsh_schedule.loadtest.redisruntime import with_db
+from dsh_schedule.loadtest.process_runtime import with_db
 from dsh_schedule.loadtest.report import targets
 from dsh_schedule.loadtest.sessions import ACTIVE_KEPT, conversation, reminders
 from dsh_schedule.loadtest.stats import cost_ratio, latency, percentile, rate_ratio

@@ -26,7 +26,7 @@ from dsh_schedule.loadtest.figures import (
     ProcessMemoryFigure,
 )
 from dsh_schedule.loadtest.host import read_ids
-from dsh_schedule.loadtest.procs import (
+from dsh_schedule.loadtest.process_costs import (
     CpuReading,
     ProcessMemory,
     cores_between,

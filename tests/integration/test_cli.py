@@ -264,6 +264,17 @@ def test_a_host_for_a_missing_session_says_so_before_it_waits_for_redis(
     assert "is not a session id: a session id is" in line
 
 
+def test_a_host_takes_its_sessions_from_a_file_one_id_a_line(
+    session_dir: dict[str, str], tmp_path: Path,
+) -> None:
+    env = {**session_dir, "DSH_SCHEDULE_REDIS_URL": f"redis://127.0.0.1:{closed_port()}/0"}
+    listed = tmp_path / "sessions.txt"
+    listed.write_text("s\nnobody\n\nghost\n", encoding="utf-8")
+    line = one_line_error(cli("host", "--sessions-file", str(listed), env=env))
+    assert "2 session(s) do not exist" in line and "'nobody', 'ghost'" in line
+    assert "name a SESSION or a --sessions-file" in one_line_error(cli("host", env=env))
+
+
 def test_call_runs_every_catalog_tool(session_dir: dict[str, str]) -> None:
     args = {"schedule_create": '{"prompt": "x", "after_seconds": 600}',
             "schedule_list": "{}", "schedule_delete": '{"id": "schedule-1"}'}

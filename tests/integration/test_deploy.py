@@ -142,7 +142,7 @@ def test_procfile_runs_worker_scheduler_and_host(tmp_path: Path, real_redis: red
     )
     try:
         deadline = time.monotonic() + 20
-        while not all(real_redis.zscore("honcho-test:live", s) for s in ("deploy-s0",
+        while not all(real_redis.hget("honcho-test:agent-host", s) for s in ("deploy-s0",
                                                                           "deploy-s1")):
             assert honcho.poll() is None, "honcho stopped"
             assert time.monotonic() < deadline, "the host never took its leases"

@@ -110,7 +110,7 @@ def test_disposal_of_one_agent_failing_spares_the_others(
     assert redis_client.hget(quick.keys.lease_queue(), "stuck") is not None  # runs out
 
 
-def test_renewal_grants_every_lease_in_one_batch_and_wakes_the_new_ones_together(
+def test_renewal_renews_the_host_and_installs_everything_in_one_batch_after_a_flush(
     store: MemoryStore, coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     clock = FakeClock()
@@ -124,22 +124,22 @@ def test_renewal_grants_every_lease_in_one_batch_and_wakes_the_new_ones_together
     queue = Queue(settings.queue, connection=redis_client)
     queue.empty()
     calls: list[list[str]] = []
-    grant_many = coordination.leases.grant_many
+    install = coordination.leases.install
 
-    def recording(agents: list[str], *args: Any, **kwargs: Any) -> list[str]:
+    def recording(host: str, agents: list[str], *args: Any, **kwargs: Any) -> list[str]:
         calls.append(list(agents))
-        return grant_many(agents, *args, **kwargs)
+        return install(host, agents, *args, **kwargs)
 
-    coordination.leases.grant_many = recording  # type: ignore[method-assign]
-    # a renewal of valid leases: one batched grant, nothing new, nothing woken
+    coordination.leases.install = recording  # type: ignore[method-assign]
+    # a renewal of a valid host lease: the host's own lease only, nothing new, nothing woken
     clock.advance(settings.lease_renew_s)
     assert plugin.renew_leases() == []
-    assert calls == [names] and queue.count == 0
-    # after a flush every lease is new again: one batched grant, one batch of wakes
+    assert calls == [] and queue.count == 0
+    # after a flush every lease is new again: one batched install, one batch of wakes
     redis_client.flushdb()
     clock.advance(settings.lease_renew_s)
     assert plugin.renew_leases() == names
-    assert len(calls) == 2
+    assert calls == [names]
     woken = [decode_batch(job.args[0]) for job in queue.jobs]
     assert woken == [ImmediateWakes(agents=tuple(names))]
     assert all(coordination.leases.is_live(n, now_ms=clock()) for n in names)
@@ -176,7 +176,9 @@ def test_disposing_many_agents_costs_the_same_round_trips_and_forgets_each(
         plugin.dispose()
         trips = round_trips[0] - before
         assert real_redis.exists(*agent_keys) == 0
-        assert real_redis.zmscore(coordination.keys.live(), names) == [None] * len(names)
+        assert real_redis.hmget(coordination.keys.agent_host(), names) == [None] * len(names)
+        assert real_redis.smismember(coordination.keys.served(plugin.bridge.host),
+                                     names) == [0] * len(names)
         assert real_redis.hmget(coordination.keys.lease_queue(), names) == [None] * len(names)
         return trips
 

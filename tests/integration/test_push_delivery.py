@@ -82,7 +82,7 @@ def _calls(client: redis.Redis) -> dict[str, int]:
 
 
 @pytest.mark.redis
-def test_an_idle_host_sends_redis_nothing_but_its_blocking_read_between_renewals(
+def test_an_idle_host_sends_redis_nothing_but_its_blocking_read_and_marker_checks(
     redis_server: RedisServer, settings: Settings
 ) -> None:
     # given a host serving 2,000 idle agents, on a Redis of this test alone, whose lease
@@ -109,9 +109,12 @@ def test_an_idle_host_sends_redis_nothing_but_its_blocking_read_between_renewals
         stop.set()
         thread.join(10)
     delta = {name: after[name] - before.get(name, 0) for name in after}
-    # then Redis saw nothing from it but its blocking reads of the ready stream
-    assert {name: n for name, n in delta.items() if n and name not in ("xread", "info")} == {}
+    # then Redis saw nothing from it but its blocking reads of the ready stream and, about
+    # once a second, its check of the generation marker (one script reading one key)
+    assert {name: n for name, n in delta.items()
+            if n and name not in ("xread", "info", "evalsha", "get")} == {}
     assert 1 <= delta["xread"] < 100  # a handful of reads, not one per agent
+    assert 1 <= delta["evalsha"] == delta["get"] <= 3 / idle.generation_check_s + 2
 
 
 @pytest.mark.redis

@@ -1,6 +1,7 @@
 """What ``dsh-schedule rebuild`` tells an operator (docs/decisions.md#delivery, "What
 rebuild is for"): right after Redis lost its keys no lease is back yet, so it wakes nothing
-and says that the hosts' next renewals restore everything; with leases it wakes them."""
+and says that the hosts, finding the generation marker gone, restore everything; with
+leases it wakes them."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_rebuild_after_a_flush_says_the_hosts_renewals_restore_everything(
     assert json.loads(result.stdout) == {"woken": [], "retired": []}
     note = result.stderr.strip()
     assert note.startswith("rebuild: no agent holds a lease"), result.stderr
-    assert "next renewal (every 20 s)" in note
+    assert "generation marker gone within 1 s" in note
     assert "What rebuild is for" in note
 
 
@@ -51,5 +52,5 @@ def test_rebuild_with_leases_wakes_them_and_adds_no_note(real_redis: redis.Redis
 def test_rebuild_help_says_when_it_is_needed() -> None:
     text = " ".join(cli("rebuild", "--help").stdout.split())
     assert "After Redis lost its keys" in text
-    assert "next renewal" in text
+    assert "generation marker" in text
     assert "kept the leases but lost wakes" in text

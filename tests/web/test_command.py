@@ -135,7 +135,7 @@ def test_with_a_redis_url_the_console_is_a_host_of_the_deployment(tmp_path: Path
         processes.spawn("scheduler", "scheduler")
         status, _, _ = call(web.at("/sessions"), {"id": "real", "timeZone": "Asia/Shanghai"})
         assert status == 303
-        assert client.zscore("webreal:live", "real") is not None  # the console holds a lease
+        assert client.hget("webreal:agent-host", "real") is not None  # the console serves it
         status, _, _ = call(web.at("/prompt/real"), {"text": "remind me in 2 seconds to stretch",
                                                      "clientTimeZone": "Asia/Shanghai"})
         assert status == 303

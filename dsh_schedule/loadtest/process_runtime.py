@@ -27,7 +27,7 @@ from rq import Queue
 
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.loadtest.baseline import NOOP, scheduler_for
-from dsh_schedule.loadtest.procs import memory
+from dsh_schedule.loadtest.process_costs import memory
 from dsh_schedule.loadtest.runtime import HOST_POLL_S, POLL_S, LoadtestError, until
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
@@ -298,10 +298,11 @@ class RedisRuntime:
             self.delete_own_keys()
         self.client.close()
 
-    def delete_own_keys(self) -> int:
+    def delete_own_keys(self, *, at_once: bool = False) -> int:
         """Delete every key this run wrote: its prefix, its queues' rq keys, its jobs (those
         with ids of its own, and those rq named that are still in its queues or their
-        registries, such as wakes a host triggered just before the end)."""
+        registries, such as wakes a host triggered just before the end). ``at_once``: in
+        one transaction, as a flush loses them (no process sees half of them gone)."""
         queues = [Queue(name, connection=self.client) for name in self._queues]
         jobs = {i for queue in queues for i in _job_ids(self.client, queue)}
         keys: set[bytes] = set()
@@ -310,9 +311,11 @@ class RedisRuntime:
         for job_id in jobs:
             keys.update(k.encode() for k in (f"rq:job:{job_id}", f"rq:executions:{job_id}",
                                              f"rq:results:{job_id}"))
-        for batch in _batches(sorted(keys), 500):
-            self.client.delete(*batch)
-        self.client.srem("rq:queues", *(queue.key for queue in queues))
+        with self.client.pipeline(transaction=at_once) as pipe:
+            for batch in _batches(sorted(keys), 500):
+                pipe.delete(*batch)
+            pipe.srem("rq:queues", *(queue.key for queue in queues))
+            pipe.execute()
         return len(keys)
 
 

@@ -28,8 +28,9 @@ from dsh_schedule.loadtest.figures import (
     ProcessMemoryFigure,
 )
 from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls
-from dsh_schedule.loadtest.procs import CpuSampler, cores_between
-from dsh_schedule.loadtest.redisruntime import RedisRuntime
+from dsh_schedule.loadtest.process_costs import CpuSampler, cores_between
+from dsh_schedule.loadtest.process_runtime import RedisRuntime
+from dsh_schedule.loadtest.rebuild import measure_memory
 from dsh_schedule.loadtest.runtime import LoadtestError, queue_idle
 from dsh_schedule.loadtest.sessions import (
     DAY_MS,
@@ -115,6 +116,20 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
         rt.sleep(plan.idle_warmup_s)
         progress.note(f"measuring {plan.idle_window_s} s")
         ours = cpu_window(rt, plan.idle_window_s, n)
+        host_rss = _rss_mib(rt, ["host"])
+        worker_rss = _rss_mib(rt, [r for r in rt.pids() if r.startswith("worker-")])
+        by_key = measure_memory(rt.client, Coordination(rt.client, rt.settings), names,
+                                None).by_key
+        progress.note(f"host {host_rss} MiB, worker {worker_rss} MiB; Redis per agent "
+                      f"{by_key}; losing every key at once")
+        watch = Stopwatch()
+        rt.delete_own_keys(at_once=True)
+        if not rt.wait(armed, 120.0 + n / SETUP_PER_S, status=lambda: progress.tick(
+                f"{int(rt.client.zcard(scheduled)):,}/{n:,} agents armed again")):
+            raise LoadtestError(f"idle: {int(rt.client.zcard(scheduled)):,} of {n:,} agents "
+                                "were armed again in time after the flush")
+        recovered_s = watch.seconds()
+        progress.note(f"every wake back {recovered_s:.1f} s after the flush")
     finally:
         rt.close()
     progress.note(f"ours: {ours.cores_per_1000_agents} cores per 1,000 agents, "
@@ -125,8 +140,15 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
         warmup_s=plan.idle_warmup_s, ours=ours, bare=bare_window,
         ratio=cost_ratio(ours.total_cores, bare_window.total_cores),
         ratio_commands=cost_ratio(ours.commands_per_s, bare_window.commands_per_s),
-        bytes_per_agent=bytes_per_agent,
+        bytes_per_agent=bytes_per_agent, bytes_by_key=by_key, host_rss_mib=host_rss,
+        worker_rss_mib=worker_rss, flush_recovery_seconds=round(recovered_s, 1),
     )
+
+
+def _rss_mib(rt: RedisRuntime, roles: list[str]) -> float | None:
+    """The largest resident size (VmRSS) of the processes in ``roles``, in MiB."""
+    sizes = [rss for role in roles if (rss := rt.rss(role)[0]) is not None]
+    return round(max(sizes) / 2**20, 1) if sizes else None
 
 
 def _used_memory(rt: RedisRuntime) -> int:
@@ -199,12 +221,12 @@ def measure_burst(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) 
         rt.start_workers()
         rt.start_mover()
         rt.start_host(names)
-        live = Keys(rt.settings.prefix).live()
+        live = Keys(rt.settings.prefix).agent_host()
         queue = Queue(rt.settings.queue, connection=rt.client)
-        if not rt.wait(lambda: int(rt.client.zcard(live)) >= n and queue_idle(rt.client, queue),
+        if not rt.wait(lambda: int(rt.client.hlen(live)) >= n and queue_idle(rt.client, queue),
                        120.0 + n / SETUP_PER_S, status=lambda: progress.tick(
-                           f"{int(rt.client.zcard(live)):,}/{n:,} agents leased")):
-            raise LoadtestError(f"burst: {int(rt.client.zcard(live)):,} of {n:,} agents were "
+                           f"{int(rt.client.hlen(live)):,}/{n:,} agents leased")):
+            raise LoadtestError(f"burst: {int(rt.client.hlen(live)):,} of {n:,} agents were "
                                 "leased in time")
         tools = ScheduleTools(rt.store, Coordination(rt.client, rt.settings), rt.settings,
                               wall_clock_ms)
