@@ -218,8 +218,6 @@ class HostBridge:
             for agent in agents:
                 self._served.pop(agent, None)
                 self._due.pop(agent, None)
-        for agent in agents:
-            self._ledgers.forget(agent)
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown).
