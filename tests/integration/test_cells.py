@@ -53,7 +53,8 @@ TIMINGS = {
     "MOVER_INTERVAL": "0.1",
     "RECONCILE_INTERVAL": "1",
 }
-LIVE = b"dsh-schedule:live"  # the default prefix, the same in both cells
+HOSTS = b"dsh-schedule:hosts"  # the default prefix, the same in both cells
+AGENT_HOST = b"dsh-schedule:agent-host"
 LEASE_QUEUE = b"dsh-schedule:lease-queue"
 DUPLICATE_WATCH_S = 2.0  # a second delivery would show up in this time
 WAIT_S = 30.0
@@ -137,19 +138,24 @@ class Cell:
         self.procs.spawn("host", "host", *sessions)
 
     def live(self) -> set[str]:
-        """The agents whose lease this cell's Redis holds, unexpired by the wall clock
-        (the clock the hosts grant leases by and the workers check them with)."""
+        """The agents served by a host whose lease this cell's Redis holds, unexpired by
+        the wall clock (the clock the hosts grant leases by and the workers check them
+        with; docs/architecture.md#leases)."""
         now_ms = time.time_ns() // 10**6
-        return {member.decode() for member in
-                self.client.zrangebyscore(LIVE, f"({now_ms}", "+inf")}
+        hosts = {member for member in
+                 self.client.zrangebyscore(HOSTS, f"({now_ms}", "+inf")}
+        return {agent.decode() for agent, host in self.client.hgetall(AGENT_HOST).items()
+                if host in hosts}
 
     def holds_anything_of(self, agent: str) -> bool:
-        """Whether any key name, or a lease of the live-agent set and its queue hash,
-        names ``agent``."""
+        """Whether any key name, or a lease (the agent-host hash, a host's served set, the
+        lease-queue hash), names ``agent``."""
         needles = _needles(agent)
         named = any(needle in key for key in self.client.scan_iter(count=1000)
                     for needle in needles)
-        leased = self.client.zscore(LIVE, agent) is not None
+        leased = bool(self.client.hexists(AGENT_HOST, agent)) or any(
+            self.client.sismember(key, agent)
+            for key in self.client.scan_iter(match=b"dsh-schedule:served:*"))
         return named or leased or bool(self.client.hexists(LEASE_QUEUE, agent))
 
     def remind(self, session: str, after_seconds: int, prompt: str) -> dict[str, Any]:
