@@ -8,6 +8,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+import pytest
+
+from dsh_schedule.web.console import ConsoleError, create_call
 from tests.support import wait_until
 from tests.web.conftest import Served
 
@@ -247,3 +250,14 @@ def test_the_favicon_is_served(served: Served) -> None:
     status, headers, body = call(served.at("/favicon.ico"))
     assert status == 200 and headers["content-type"].startswith("image/svg+xml")
     assert body.startswith("<svg")
+
+
+
+def test_the_create_form_offers_cron_only_with_calendar_rules() -> None:
+    form = {"prompt": "stand-up", "selector": "cron", "cron": "0 9 * * MON-FRI",
+            "clientTimeZone": "Europe/Berlin"}
+    assert create_call(form, calendar=True).args == {
+        "prompt": "stand-up", "cron": {"expression": "0 9 * * MON-FRI",
+                                       "time_zone": "Europe/Berlin"}}
+    with pytest.raises(ConsoleError, match="one of after_seconds, at, every_seconds$"):
+        create_call(form, calendar=False)
