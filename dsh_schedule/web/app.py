@@ -46,7 +46,7 @@ from dsh_schedule.web.access import (
     refused_without_token,
     token_matches,
 )
-from dsh_schedule.web.console import Console, ConsoleError
+from dsh_schedule.web.console import Console, ConsoleError, create_call, delete_call
 
 HERE: Final = Path(__file__).resolve().parent
 TEMPLATES: Final = HERE / "templates"
@@ -56,6 +56,8 @@ POLL_S: Final = 0.2  # how often a live stream looks at the logs
 REFRESH_S: Final = 5.0  # a live stream re-sends its fragments at least this often
 MAX_FORM_BYTES: Final = 64 * 1024
 _LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
+ACKNOWLEDGEMENT: Final = "X-Acknowledgement"  # a form's answer, percent-encoded UTF-8
+FAVICON: Final = (STATIC / "favicon.svg").read_bytes()
 
 
 def template_environment() -> jinja2.Environment:
@@ -221,7 +223,8 @@ def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
         if not console.exists(session_id):
             return page("missing.html", 404, nav="sessions", session_id=session_id)
         view = await in_thread(console.session_page, session_id)
-        return page("session.html", nav="session", page=view, help=model.HELP)
+        return page("session.html", nav="session", page=view, help=model.HELP,
+                    calendar=console.settings.calendar)
 
     @app.post("/prompt/{session_id:path}", response_model=None)
     async def prompt(session_id: str, request: Request) -> Response:
@@ -238,6 +241,39 @@ def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
             return RedirectResponse(f"/session/{quote(session_id, safe='')}", status_code=303)
         view = await in_thread(console.session_page, session_id)
         return HTMLResponse(render("_transcript.html", page=view))
+
+    async def act(session_id: str, request: Request,
+                  call_of: Callable[[dict[str, str]], Any]) -> Response:
+        """A form of the page calls one tool through the agent's own handler; the
+        answer is the acknowledgement (docs/web.md#acting-from-the-page)."""
+        if not _same_origin(request):
+            return refused()
+        htmx = request.headers.get("hx-request") == "true"
+        try:
+            form = await _form(request)
+            reply = await in_thread(console.act, session_id, call_of(form),
+                                    form.get("clientTimeZone") or None)
+        except ConsoleError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        if not htmx:
+            return RedirectResponse(f"/session/{quote(session_id, safe='')}", status_code=303)
+        view = await in_thread(console.session_page, session_id)
+        return HTMLResponse(render("_transcript.html", page=view),
+                            headers={ACKNOWLEDGEMENT: quote(reply, safe="")})
+
+    @app.post("/create/{session_id:path}", response_model=None)
+    async def create_reminder(session_id: str, request: Request) -> Response:
+        return await act(session_id, request, lambda form: create_call(
+            form, calendar=console.settings.calendar))
+
+    @app.post("/delete/{session_id:path}", response_model=None)
+    async def delete_reminder(session_id: str, request: Request) -> Response:
+        return await act(session_id, request, delete_call)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        return Response(FAVICON, media_type="image/svg+xml",
+                        headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/stream/session/{session_id:path}", response_model=None)
     async def stream_session(session_id: str, request: Request) -> Response:

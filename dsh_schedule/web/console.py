@@ -18,7 +18,9 @@ reading, ``step/start``; then the scripted model's tool calls, and its answer.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -69,6 +71,7 @@ HEARTBEAT_EVERY_MS: Final = 1000
 STEPPING_STALE_S: Final = 5.0  # an embedded system not stepped for this long is stuck
 MAX_PROMPT: Final = 4000  # characters of one prompt
 MAX_SESSION_ID: Final = 64
+FORM_TOOLS: Final = ("schedule_create", "schedule_delete")  # what the page's forms call
 STATUS_SOCKET_TIMEOUT_S: Final = 2.0
 
 
@@ -284,6 +287,19 @@ class Console:
             raise ConsoleError("the prompt is empty")
         if len(text) > MAX_PROMPT:
             raise ConsoleError(f"a prompt is at most {MAX_PROMPT} characters")
+        return self._turn(session_id, text, client_time_zone, None)
+
+    def act(self, session_id: str, call: model.ToolCall, client_time_zone: str | None) -> str:
+        """One user turn in which the person's form, not the model, calls a tool: the
+        same handler the model's calls reach, so its answer or error is the tool's own
+        (docs/web.md#acting-from-the-page). Returns the readable acknowledgement."""
+        if call.name not in FORM_TOOLS:
+            raise ConsoleError(f"the console's forms call {', '.join(FORM_TOOLS)}")
+        return self._turn(session_id, f"(console form) {call.name} {_compact(call.args)}",
+                          client_time_zone, call)
+
+    def _turn(self, session_id: str, text: str, client_time_zone: str | None,
+              form_call: model.ToolCall | None) -> str:
         if not self.exists(session_id):
             raise ConsoleError(f"session {session_id!r} does not exist")
         agent = self.open(session_id)
@@ -308,8 +324,9 @@ class Console:
                 ]
 
             turn = self._append(session_id, opening)
-            plan = model.plan(text, now_ms=now, zone=reading_zone,
-                              calendar=self.settings.calendar)
+            plan = (model.Plan(calls=(form_call,)) if form_call is not None
+                    else model.plan(text, now_ms=now, zone=reading_zone,
+                                    calendar=self.settings.calendar))
             answered = [self._call(session_id, agent, call) for call in plan.calls]
             reply = plan.reply or model.answer(answered, zone=reading_zone)
 
@@ -371,6 +388,43 @@ class Console:
             except (PersistenceError, ScheduleLogError):
                 continue
         return pages.lateness(found)
+
+
+SELECTORS: Final = ("after_seconds", "at", "every_seconds", "cron")
+_WHOLE: Final = re.compile(r"[+-]?\d{1,18}")
+_LOCAL_TIME: Final = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})T(?P<time>\d{2}:\d{2})(?P<s>:\d{2})?")
+
+
+def create_call(form: dict[str, str], *, calendar: bool) -> model.ToolCall:
+    """The ``schedule_create`` call of the page's create form: its prompt and exactly one
+    selector, the kind the form names. Values pass as typed (a whole number as a number),
+    so the tool, not the page, judges them. ``at`` is the browser's local date and time
+    with the browser's zone; ``cron`` is the rule read in that zone."""
+    kind = form.get("selector", "")
+    offered = SELECTORS if calendar else SELECTORS[:3]
+    if kind not in offered:
+        raise ConsoleError(f"the selector is one of {', '.join(offered)}")
+    value = form.get(kind, "").strip()
+    zone = form.get("clientTimeZone", "").strip()
+    selector: Any = value
+    if kind in ("after_seconds", "every_seconds") and _WHOLE.fullmatch(value):
+        selector = int(value)
+    elif kind == "at" and (match := _LOCAL_TIME.fullmatch(value)):
+        selector = {"date": match["date"], "time": match["time"] + (match["s"] or ":00")}
+        if zone:
+            selector["time_zone"] = zone
+    elif kind == "cron" and zone:
+        selector = {"expression": value, "time_zone": zone}
+    return model.ToolCall("schedule_create", {"prompt": form.get("prompt", ""), kind: selector})
+
+
+def delete_call(form: dict[str, str]) -> model.ToolCall:
+    """The ``schedule_delete`` call of a reminder's delete button."""
+    return model.ToolCall("schedule_delete", {"id": form.get("id", "")})
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _message(now: int, text: str, source: dict[str, Any]) -> NewEvent:

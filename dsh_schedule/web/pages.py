@@ -73,6 +73,31 @@ class TranscriptItem:
         code = value.get("code") if isinstance(value, dict) else None
         return code if isinstance(code, str) else "error"
 
+    @property
+    def fields(self) -> tuple[tuple[str, str], ...]:
+        """A tool call's answer as ``(field, text)`` pairs for a person: an object's
+        fields, or one line per item of a list (empty when the answer is not JSON)."""
+        try:
+            value = json.loads(self.result or "")
+        except ValueError:
+            return ()
+        if isinstance(value, dict):
+            return tuple((str(k), _field_text(v)) for k, v in value.items())
+        if isinstance(value, list):
+            return tuple((str(item.get("id", i + 1)) if isinstance(item, dict) else str(i + 1),
+                          _field_text(item)) for i, item in enumerate(value))
+        return (("value", _field_text(value)),)
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_field_text(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(_field_text(v) for v in value) or "none"
+    return json.dumps(value)
+
 
 @dataclass(frozen=True)
 class ReminderRow:
@@ -82,10 +107,6 @@ class ReminderRow:
     due_ms: int  # deliveryNotBefore when the gate holds it back, else scheduledAt
     local: str  # scheduledAt in the session's zone
     not_before_local: str | None
-
-    @property
-    def view_json(self) -> str:
-        return render(self.view)
 
 
 @dataclass(frozen=True)

@@ -226,3 +226,60 @@ def test_with_a_token_a_browser_signs_in_once_and_the_live_page_works(
     reminder = page.locator("#transcript .msg.reminder")
     expect(reminder.locator(".reminder-prompt")).to_have_text("stretch", timeout=ARRIVAL_S * 1000)
     assert page.evaluate("window.__sameDocument") is True
+
+
+DOC_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+
+
+def test_a_reminder_is_created_and_deleted_from_the_page(
+        served: Served, browser: Browser) -> None:
+    served.console.create_session("acting", "Europe/Berlin")
+    page = open_page(browser, "Europe/Berlin")
+    page.goto(served.at("/session/acting"))
+    # A valid form: the tool's acknowledgement, in words, and the row appears.
+    page.fill("#reminder-prompt", "stretch " + "and breathe slowly " * 12)
+    page.fill("input[name=every_seconds]", "600")
+    page.click("#create-reminder button")
+    expect(page.locator("#act-result")).to_contain_text("Set schedule-1")
+    row = page.locator("#reminders tr[data-schedule-id=schedule-1]")
+    expect(row).to_contain_text("breathe slowly")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    # A bad one: the tool's own error, and no new reminder.
+    page.fill("#reminder-prompt", "too often")
+    page.fill("input[name=every_seconds]", "60")
+    page.click("#create-reminder button")
+    expect(page.locator("#act-result")).to_contain_text("frequency_too_high")
+    expect(page.locator("#reminders tbody tr")).to_have_count(1)
+    # An at time is the browser's local time in the browser's zone.
+    page.fill("#reminder-prompt", "call the office")
+    page.fill("input[name=at]", "2099-01-02T17:00")
+    page.click("#create-reminder button")
+    expect(page.locator("#reminders tr[data-schedule-id=schedule-2]")).to_contain_text(
+        "17:00:00 Europe/Berlin")
+    expect(page.locator("#transcript .msg.tool dl.answer").last).to_contain_text("scheduledAt")
+    page.screenshot(path=DOC_IMAGES / "console-session.png", full_page=True)
+    # Delete: the row goes, and the tool says so.
+    page.click("#reminders tr[data-schedule-id=schedule-1] button")
+    expect(page.locator("#act-result")).to_have_text("Deleted schedule-1.")
+    expect(page.locator("#reminders tr[data-schedule-id=schedule-1]")).to_have_count(0)
+    operations = [e.data["operation"] for e in served.console.store.read("acting").events
+                  if e.type == "schedule/change"]
+    assert operations == ["create", "create", "delete"]
+    page.screenshot(path=DOC_IMAGES / "console-reminders.png", full_page=True)
+
+
+def test_the_embedded_operations_page_tells_one_story(
+        served: Served, browser: Browser) -> None:
+    served.console.create_session("ops", "UTC")
+    page = open_page(browser, "UTC")
+    page.goto(served.at("/operations"))
+    expect(page.locator("#health")).to_contain_text("run inside this process")
+    expect(page.locator("#health")).to_have_class("health ok")
+    expect(page.locator("table.queues")).not_to_contain_text("none registered")
+    # What a person reads (the raw status JSON stays folded away, as rq sees it).
+    assert "no worker" not in page.locator("main").inner_text()
+    response = page.request.get(served.at("/favicon.ico"))
+    assert response.status == 200
+    page.screenshot(path=DOC_IMAGES / "console-operations.png", full_page=True)
+    page.goto(served.url)
+    page.screenshot(path=DOC_IMAGES / "console-sessions.png", full_page=True)

@@ -8,6 +8,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+import pytest
+
+from dsh_schedule.web.console import ConsoleError, create_call
 from tests.support import wait_until
 from tests.web.conftest import Served
 
@@ -150,3 +153,111 @@ def test_a_log_that_cannot_be_read_is_said_to_be_unreadable(served: Served) -> N
     status, _, page = call(served.at("/"))
     assert status == 200
     assert 'data-session="broken"' in page and 'class="error"' in page
+
+
+def schedules(served: Served, session: str) -> list[dict[str, Any]]:
+    return [e.data for e in served.console.store.read(session).events
+            if e.type == "schedule/change"]
+
+
+def test_the_create_form_calls_the_tool_and_answers_with_its_acknowledgement(
+        served: Served) -> None:
+    served.console.create_session("form", "UTC")
+    status, headers, _ = call(served.at("/create/form"), {
+        "prompt": "stretch", "selector": "after_seconds", "after_seconds": "600",
+        "clientTimeZone": "Europe/Berlin"})
+    assert status == 303 and headers["location"] == "/session/form"
+    created = schedules(served, "form")
+    assert [c["operation"] for c in created] == ["create"]
+    assert created[0]["schedule"]["prompt"] == "stretch"
+
+    status, headers, body = call(served.at("/create/form"), {
+        "prompt": "call", "selector": "at", "at": "2099-01-02T17:00",
+        "clientTimeZone": "Asia/Shanghai"}, {"HX-Request": "true"})
+    assert status == 200
+    ack = urllib.parse.unquote(headers["x-acknowledgement"])
+    assert ack.startswith("Set schedule-2: “call” at 2099-01-02")
+    assert "Set schedule-2" in body
+    tool_calls = [e.data for e in served.console.store.read("form").events
+                  if e.type == "tool/call"]
+    assert tool_calls[-1]["args"] == {"prompt": "call", "at": {
+        "date": "2099-01-02", "time": "17:00:00", "time_zone": "Asia/Shanghai"}}
+
+
+def test_a_bad_create_form_gets_the_tools_error_and_changes_no_reminder(
+        served: Served) -> None:
+    served.console.create_session("bad", "UTC")
+    for form, code in (
+        ({"prompt": "x", "selector": "after_seconds", "after_seconds": "soon"},
+         "invalid_rule"),
+        ({"prompt": "x", "selector": "every_seconds", "every_seconds": "60"},
+         "frequency_too_high"),
+        ({"prompt": "x", "selector": "at", "at": "tomorrow"}, "invalid_rule"),
+        ({"prompt": "x" * 33_000, "selector": "after_seconds", "after_seconds": "5"},
+         "invalid_prompt"),
+        ({"prompt": "", "selector": "after_seconds", "after_seconds": "5"}, "invalid_prompt"),
+    ):
+        status, headers, _ = call(served.at("/create/bad"), form, {"HX-Request": "true"})
+        assert status == 200, form
+        ack = urllib.parse.unquote(headers["x-acknowledgement"])
+        assert ack.startswith("schedule_create answered "), ack
+        assert f"answered {code}:" in ack
+    assert schedules(served, "bad") == []
+
+    length = served.console.length("bad")
+    for form in ({"prompt": "x", "selector": "cron", "cron": "0 9 * * *"},
+                 {"prompt": "x", "selector": "both", "after_seconds": "5"}, {}):
+        status, _, body = call(served.at("/create/bad"), form, {"HX-Request": "true"})
+        assert status == 400 and "the selector is one of" in body, form
+    status, _, body = call(served.at("/create/nowhere"), {
+        "prompt": "x", "selector": "after_seconds", "after_seconds": "5"})
+    assert status == 400 and "does not exist" in body
+    assert served.console.length("bad") == length
+
+
+def test_the_delete_button_calls_the_tool_and_says_what_it_answered(served: Served) -> None:
+    served.console.create_session("del", "UTC")
+    served.console.prompt("del", "every 5 minutes check the build", None)
+    status, headers, _ = call(served.at("/delete/del"), {"id": "schedule-1"},
+                              {"HX-Request": "true"})
+    assert status == 200
+    assert urllib.parse.unquote(headers["x-acknowledgement"]) == "Deleted schedule-1."
+    assert [c["operation"] for c in schedules(served, "del")] == ["create", "delete"]
+
+    status, headers, _ = call(served.at("/delete/del"), {"id": "schedule-1"},
+                              {"HX-Request": "true"})
+    assert status == 200
+    said = urllib.parse.unquote(headers["x-acknowledgement"])
+    assert said.startswith("schedule-1 is not an active reminder")
+    assert len(schedules(served, "del")) == 2
+
+
+def test_the_forms_are_refused_from_another_site(served: Served) -> None:
+    served.console.create_session("csrf", "UTC")
+    served.console.prompt("csrf", "every 5 minutes check the build", None)
+    length = served.console.length("csrf")
+    for path, form in (("/create/csrf", {"prompt": "x", "selector": "after_seconds",
+                                         "after_seconds": "5"}),
+                       ("/delete/csrf", {"id": "schedule-1"})):
+        for headers in ({"Origin": "http://elsewhere.example"},
+                        {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
+            status, _, _ = call(served.at(path), form, headers)
+            assert status == 403, (path, headers)
+    assert served.console.length("csrf") == length
+
+
+def test_the_favicon_is_served(served: Served) -> None:
+    status, headers, body = call(served.at("/favicon.ico"))
+    assert status == 200 and headers["content-type"].startswith("image/svg+xml")
+    assert body.startswith("<svg")
+
+
+
+def test_the_create_form_offers_cron_only_with_calendar_rules() -> None:
+    form = {"prompt": "stand-up", "selector": "cron", "cron": "0 9 * * MON-FRI",
+            "clientTimeZone": "Europe/Berlin"}
+    assert create_call(form, calendar=True).args == {
+        "prompt": "stand-up", "cron": {"expression": "0 9 * * MON-FRI",
+                                       "time_zone": "Europe/Berlin"}}
+    with pytest.raises(ConsoleError, match="one of after_seconds, at, every_seconds$"):
+        create_call(form, calendar=False)

@@ -147,3 +147,20 @@ def test_every_template_and_static_file_ships_with_the_package() -> None:
         assert any(relative.startswith(rule[1] + "/")
                    and any(fnmatch.fnmatch(path.name, pattern) for pattern in rule[2:])
                    for rule in rules), f"{relative} is not in MANIFEST.in"
+
+
+def test_a_tool_answer_reads_as_its_fields() -> None:
+    def item(result: str, is_error: bool = False) -> pages.TranscriptItem:
+        return pages.TranscriptItem(kind="tool", seq=1, time_ms=0, text="{}",
+                                    tool="schedule_create", result=result, is_error=is_error)
+
+    failed = item('{"code":"invalid_rule","message":"after_seconds must be positive"}', True)
+    assert failed.fields == (("code", "invalid_rule"),
+                             ("message", "after_seconds must be positive"))
+    assert failed.outcome == "invalid_rule"
+    created = item('{"id":"schedule-1","kind":"at","at":{"date":"2099-01-02"},"n":3}')
+    assert created.fields == (("id", "schedule-1"), ("kind", "at"),
+                              ("at", "date: 2099-01-02"), ("n", "3"))
+    listed = item('[{"id":"schedule-1","prompt":"a"},{"id":"schedule-2","prompt":"b"}]')
+    assert [name for name, _ in listed.fields] == ["schedule-1", "schedule-2"]
+    assert item("not json").fields == ()

@@ -106,10 +106,48 @@
     }
   }
 
+  // The create form and the delete buttons (docs/web.md#acting-from-the-page): the
+  // browser's zone goes with each post; the tool's answer, or the console's refusal, is
+  // shown as text beside the form.
+  function actions() {
+    var result = document.getElementById("act-result");
+    var problem = document.getElementById("act-error");
+    if (!result || !problem) return;
+    function acting(event) {
+      var form = event.target.closest && event.target.closest("form.act, form.delete");
+      return form || null;
+    }
+    document.addEventListener("htmx:configRequest", function (event) {
+      if (acting(event)) event.detail.parameters.clientTimeZone = browserZone();
+    });
+    document.addEventListener("htmx:afterRequest", function (event) {
+      if (!acting(event) || !event.detail.successful) return;
+      var said = event.detail.xhr.getResponseHeader("X-Acknowledgement") || "";
+      result.textContent = said ? decodeURIComponent(said) : "";
+      problem.textContent = "";
+    });
+    document.addEventListener("htmx:responseError", function (event) {
+      if (!acting(event)) return;
+      result.textContent = "";
+      problem.textContent = event.detail.xhr.responseText || "the console refused the form";
+    });
+    var create = document.getElementById("create-reminder");
+    if (create) {
+      // Typing a selector's value picks that selector.
+      create.querySelectorAll("fieldset.selector label").forEach(function (label) {
+        var radio = label.querySelector("input[type=radio]");
+        label.querySelectorAll("input:not([type=radio])").forEach(function (input) {
+          input.addEventListener("focus", function () { radio.checked = true; });
+        });
+      });
+    }
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     fillZones(document);
     document.querySelectorAll("[data-stream]").forEach(connect);
     composer();
+    actions();
     tick();
     window.setInterval(tick, 1000);
   });
