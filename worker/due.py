@@ -28,6 +28,7 @@ import redis
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
@@ -95,6 +96,9 @@ class DueOwner:
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
+        # The agents whose wake batch failed on Redis, maybe after a durable dispatch: the
+        # worker's beat repays them once Redis answers (docs/architecture.md#owed-re-arms).
+        self.owed = OwedRearms()
 
     def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
         """Handle one wake (a batch of one): stale and duplicate wakes find nothing due
@@ -126,7 +130,9 @@ class DueOwner:
         try:
             outcomes = self._wake_live(targets)
         except redis.RedisError as exc:
-            # The records stay active; a new lease or the reconcile pass wakes them.
+            # The records stay active, maybe with a dispatch appended and its re-arm lost:
+            # this worker owes each agent a wake, and repays it once Redis answers.
+            self.owed.owe(targets)
             recorder.redis_error()
             log.warning("wake batch of %d: Redis unavailable (%s)", len(targets),
                         type(exc).__name__)
@@ -136,6 +142,11 @@ class DueOwner:
             recorder.due_transaction(elapsed)  # each agent's transaction took the batch's
             recorder.wake(outcome.value)
         return {agent: outcomes[agent] for agent in targets}
+
+    def repay_owed(self) -> list[str]:
+        """Enqueue a wake for every agent a failed batch left owed one (nothing is sent
+        when none is); a Redis failure keeps them owed for the next call."""
+        return self.owed.repay_quietly(self._coord)
 
     def _wake_live(self, targets: dict[str, int | None]) -> dict[str, WakeOutcome]:
         """The live agents' transactions, their free locks taken together, then each busy

@@ -113,6 +113,7 @@ class ScheduleWorker(SimpleWorker):
         while not self._stop_beat.wait(every_s):
             try:
                 self.beat()
+                self.owner.repay_owed()  # Redis answers: the wakes a failed batch owes
             except redis.RedisError as exc:
                 if not is_outage(exc):
                     log.exception("worker heartbeat failed")
