@@ -228,38 +228,36 @@ def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
 
     @app.post("/prompt/{session_id:path}", response_model=None)
     async def prompt(session_id: str, request: Request) -> Response:
-        if not _same_origin(request):
-            return refused()
-        htmx = request.headers.get("hx-request") == "true"
-        try:
-            form = await _form(request)
-            await in_thread(console.prompt, session_id, form.get("text", ""),
-                            form.get("clientTimeZone") or None)
-        except ConsoleError as exc:
-            return PlainTextResponse(str(exc), status_code=400)
-        if not htmx:
-            return RedirectResponse(f"/session/{quote(session_id, safe='')}", status_code=303)
-        view = await in_thread(console.session_page, session_id)
-        return HTMLResponse(render("_transcript.html", page=view))
+        def turn(form: dict[str, str]) -> None:  # the transcript is the answer
+            console.prompt(session_id, form.get("text", ""),
+                           form.get("clientTimeZone") or None)
+        return await answer_form(session_id, request, turn)
 
     async def act(session_id: str, request: Request,
                   call_of: Callable[[dict[str, str]], Any]) -> Response:
         """A form of the page calls one tool through the agent's own handler; the
         answer is the acknowledgement (docs/web.md#acting-from-the-page)."""
+        return await answer_form(session_id, request, lambda form: console.act(
+            session_id, call_of(form), form.get("clientTimeZone") or None))
+
+    async def answer_form(session_id: str, request: Request,
+                          run: Callable[[dict[str, str]], str | None]) -> Response:
+        """A same-origin form post run in a thread: a redirect to the session page, or
+        for htmx its transcript, with ``run``'s acknowledgement when it gives one; the
+        console's own refusal is a one-line 400 that changed nothing."""
         if not _same_origin(request):
             return refused()
         htmx = request.headers.get("hx-request") == "true"
         try:
             form = await _form(request)
-            reply = await in_thread(console.act, session_id, call_of(form),
-                                    form.get("clientTimeZone") or None)
+            reply = await in_thread(run, form)
         except ConsoleError as exc:
             return PlainTextResponse(str(exc), status_code=400)
         if not htmx:
             return RedirectResponse(f"/session/{quote(session_id, safe='')}", status_code=303)
         view = await in_thread(console.session_page, session_id)
-        return HTMLResponse(render("_transcript.html", page=view),
-                            headers={ACKNOWLEDGEMENT: quote(reply, safe="")})
+        headers = {ACKNOWLEDGEMENT: quote(reply, safe="")} if reply is not None else None
+        return HTMLResponse(render("_transcript.html", page=view), headers=headers)
 
     @app.post("/create/{session_id:path}", response_model=None)
     async def create_reminder(session_id: str, request: Request) -> Response:
