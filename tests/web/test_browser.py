@@ -7,6 +7,7 @@ Each page's screenshot is saved under ``test-artifacts/web/``.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -16,7 +17,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from dsh_schedule.shared.core.instant import format_instant, to_ms
 from tests.support import reminder_texts
-from tests.web.conftest import TOKEN, Served
+from tests.web.conftest import ARTIFACTS, TOKEN, Served
 
 pytestmark = pytest.mark.browser
 
@@ -228,7 +229,10 @@ def test_with_a_token_a_browser_signs_in_once_and_the_live_page_works(
     assert page.evaluate("window.__sameDocument") is True
 
 
-DOC_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+# The documentation's screenshots: written where DSH_SCHEDULE_DOC_IMAGES names (to refresh
+# docs/images/, docs/web.md#tests), else beside the other artifacts; a test run never
+# changes the checkout.
+DOC_IMAGES = Path(os.environ.get("DSH_SCHEDULE_DOC_IMAGES") or ARTIFACTS / "doc-images")
 
 
 def test_a_reminder_is_created_and_deleted_from_the_page(
