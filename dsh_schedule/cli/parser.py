@@ -271,7 +271,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                    help="the sessions (root session ids) to serve")
     p.add_argument("--sessions-file", type=_sessions_file_arg, default=[], metavar="FILE",
                    help="also serve the sessions listed in FILE, one id a line (no command "
-                   "line limit: docs/architecture.md#leases)")
+                   "line limit: docs/architecture.md#leases; default: none)")
     p.set_defaults(func=cmd_host)
 
     p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
