@@ -298,9 +298,12 @@ _PROJECTION: Final = lua("projection")  # lua/projection.lua
 
 # The fields of a wake's job hash that differ from one wake to the next; every other field
 # is the same for every wake of one arming call, and is sent once.
-_OWN_FIELDS: Final = ("created_at", "origin")
+_OWN_FIELDS: Final = ("origin",)
 # A scheduled wake's rq description: the agent is in its id, the target is its score.
-WAKE_DESCRIPTION: Final = "scheduled wake"
+WAKE_DESCRIPTION: Final = "wake"
+# Fields of rq's ``to_dict`` a wake's job hash leaves out: rq restores a missing
+# ``created_at`` as the moment it reads the job, and a wake's moment is its score.
+_UNSTORED: Final = frozenset({"created_at"})
 
 
 class _Scheduled(NamedTuple):
@@ -525,11 +528,11 @@ class WakeProjection:
         """What rq-scheduler's ``enqueue_at`` writes for one wake (a scheduled rq job and
         its score, here the exact millisecond rather than the whole second), slimmed
         (docs/decisions.md#wake-jobs-slimmed-to-a-listpack): no rq arguments (the agent
-        is in the id, the target is the score: ``scheduled_wake``), a short description
-        and none of the empty fields rq's ``to_dict`` writes, so that every value stays
-        under Redis's default ``hash-max-listpack-value`` whatever the agent id. Plus the
-        current-wake pointer and the superseded wake's removal: the job hash's fields
-        every wake shares, and the rest (``_ARM_WRITE``)."""
+        is in the id, the target is the score: ``scheduled_wake``), a short description,
+        no ``created_at`` and none of the empty fields rq's ``to_dict`` writes: every value
+        stays under Redis's default ``hash-max-listpack-value`` whatever the agent id, so
+        the hash is a listpack. Plus the current-wake pointer and the superseded wake's
+        removal: the job hash's fields every wake shares, and the rest (``_ARM_WRITE``)."""
         job = Job.create(
             WAKE_FUNC,
             connection=self._client,
@@ -541,7 +544,8 @@ class WakeProjection:
             status=JobStatus.SCHEDULED,
             origin=queue,
         )
-        fields = {name: value for name, value in job.to_dict().items() if value != ""}
+        fields = {name: value for name, value in job.to_dict().items()
+                  if value != "" and name not in _UNSTORED}
         own = tuple(fields.pop(name, "") for name in _OWN_FIELDS)
         log.debug("arming %s for %s at %d", job_id, agent, target_ms)
         return tuple(fields.items()), _Scheduled(
