@@ -74,11 +74,31 @@ def wake_job_id(agent: str, target_ms: int) -> str:
     return f"wake_{agent.encode().hex()}_{target_ms // 1000}"
 
 
+def wake_agent(job_id: str) -> str:
+    """The agent a wake id names (``wake_job_id``, with or without its ``_<n>`` suffix);
+    ``ValueError`` when the id is not one."""
+    if not job_id.startswith(WAKE_ID_PREFIX):
+        raise ValueError(f"not a wake id: {job_id!r}")
+    return bytes.fromhex(job_id.removeprefix(WAKE_ID_PREFIX).split("_", 1)[0]).decode()
+
+
 class ScheduledWake(msgspec.Struct, frozen=True, array_like=True):
     """A scheduled wake the mover handed on: the agent and the target it was armed for."""
 
     agent: str
     target_ms: int
+
+
+def scheduled_wake(job: Job, score: float) -> ScheduledWake:
+    """The wake a scheduled wake job stands for, from its id and its ``score`` in the
+    schedule (the target, ``wake_score``); a job armed before wake jobs were slimmed
+    carries the agent and the target as its rq arguments, and those are used
+    (docs/decisions.md#wake-jobs-slimmed-to-a-listpack). ``ValueError`` (or rq's
+    ``DeserializationError``) when the job is not a readable wake."""
+    if job.args:
+        agent, target_ms = job.args
+        return ScheduledWake(agent, target_ms)
+    return ScheduledWake(wake_agent(job.id), round(score * 1000))
 
 
 class DueWakes(msgspec.Struct, frozen=True, tag="due"):
@@ -197,14 +217,14 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
                         self.enqueue_job(job)  # not ours after all: rq-scheduler's way
                         moved += 1
                         continue
-                    agent, target_ms = job.args
+                    wake = scheduled_wake(job, float(entry[2]))
                 except redis.RedisError:
                     raise
                 except Exception:
                     # One unreadable job spares the rest of the chunk.
                     log.exception("scheduled job %s is unreadable: dropped", job_id)
                     continue
-                wakes.append((job.origin, ScheduledWake(agent, target_ms)))
+                wakes.append((job.origin, wake))
             moved += self._hand_on(wakes)
             repeated = False
             for job_id in others:
@@ -278,7 +298,12 @@ _PROJECTION: Final = lua("projection")  # lua/projection.lua
 
 # The fields of a wake's job hash that differ from one wake to the next; every other field
 # is the same for every wake of one arming call, and is sent once.
-_OWN_FIELDS: Final = ("created_at", "data", "description", "origin")
+_OWN_FIELDS: Final = ("origin",)
+# A scheduled wake's rq description: the agent is in its id, the target is its score.
+WAKE_DESCRIPTION: Final = "wake"
+# Fields of rq's ``to_dict`` a wake's job hash leaves out: rq restores a missing
+# ``created_at`` as the moment it reads the job, and a wake's moment is its score.
+_UNSTORED: Final = frozenset({"created_at"})
 
 
 class _Scheduled(NamedTuple):
@@ -501,13 +526,17 @@ class WakeProjection:
         self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
     ) -> tuple[tuple[tuple[str, Any], ...], _Scheduled]:
         """What rq-scheduler's ``enqueue_at`` writes for one wake (a scheduled rq job and
-        its score, here the exact millisecond rather than the whole second), plus the
-        current-wake pointer and the superseded wake's removal: the job hash's fields
-        every wake shares, and the rest (``_ARM_WRITE``)."""
+        its score, here the exact millisecond rather than the whole second), slimmed
+        (docs/decisions.md#wake-jobs-slimmed-to-a-listpack): no rq arguments (the agent
+        is in the id, the target is the score: ``scheduled_wake``), a short description,
+        no ``created_at`` and none of the empty fields rq's ``to_dict`` writes: every value
+        stays under Redis's default ``hash-max-listpack-value`` whatever the agent id, so
+        the hash is a listpack. Plus the current-wake pointer and the superseded wake's
+        removal: the job hash's fields every wake shares, and the rest (``_ARM_WRITE``)."""
         job = Job.create(
             WAKE_FUNC,
-            args=(agent, target_ms),
             connection=self._client,
+            description=WAKE_DESCRIPTION,
             result_ttl=0,
             ttl=None,
             id=job_id,
@@ -515,7 +544,8 @@ class WakeProjection:
             status=JobStatus.SCHEDULED,
             origin=queue,
         )
-        fields = job.to_dict()
+        fields = {name: value for name, value in job.to_dict().items()
+                  if value != "" and name not in _UNSTORED}
         own = tuple(fields.pop(name, "") for name in _OWN_FIELDS)
         log.debug("arming %s for %s at %d", job_id, agent, target_ms)
         return tuple(fields.items()), _Scheduled(

@@ -24,13 +24,17 @@ from dsh_schedule.shared.coordination.wake import (
     MOVE_BATCH,
     MOVE_TAKE,
     WAKE_BATCH_FUNC,
+    WAKE_DESCRIPTION,
     WAKE_FUNC,
     WAKE_TIMEOUT_S,
     ArmRequest,
     DueWakes,
+    ScheduledWake,
     WakeProjection,
     decode_batch,
     move_batch_size,
+    scheduled_wake,
+    wake_agent,
     wake_job_id,
 )
 from dsh_schedule.shared.settings import Settings
@@ -80,6 +84,13 @@ def job_exists(client: redis.Redis, job_id: str) -> bool:
     return bool(client.exists(Job.key_for(job_id)))
 
 
+def armed_wake(client: redis.Redis, keys: Keys, job_id: str) -> tuple[str, int]:
+    """The (agent, target) a scheduled wake job stands for, as the mover reads it: the job
+    restored by rq and its score in the schedule."""
+    wake = scheduled_wake(Job.fetch(job_id, connection=client), schedule(client, keys)[job_id])
+    return (wake.agent, wake.target_ms)
+
+
 @pytest.mark.parametrize(
     ("agent", "target_ms", "job_id"),
     [
@@ -92,6 +103,7 @@ def job_exists(client: redis.Redis, job_id: str) -> bool:
 )
 def test_wake_ids_are_hex_agent_and_epoch_second(agent: str, target_ms: int, job_id: str) -> None:
     assert wake_job_id(agent, target_ms) == job_id
+    assert wake_agent(job_id) == wake_agent(f"{job_id}_7") == agent
 
 
 def test_arm_schedules_a_wake_job_under_the_prefix(
@@ -104,31 +116,84 @@ def test_arm_schedules_a_wake_job_under_the_prefix(
     assert schedule(redis_client, keys) == {job_id: S1}
     assert wakes.is_scheduled(job_id)
     assert wakes.current(AGENT) == job_id
-    # and the job runs the wake for that agent and target on the given queue, keeping no result
+    # and the job (restored by rq) stands for the wake of that agent and target on the given
+    # queue, keeping no result
     job = Job.fetch(job_id, connection=redis_client)
     assert job.func_name == WAKE_FUNC
-    assert tuple(job.args) == (AGENT, T1)
+    assert scheduled_wake(job, schedule(redis_client, keys)[job_id]) == ScheduledWake(AGENT, T1)
     assert job.kwargs == {}
     assert job.result_ttl == 0
     assert job.origin == queue
     assert queued(redis_client, queue) == []
 
 
-def test_a_wake_job_hash_is_the_one_rq_itself_saves(
+def test_a_wake_job_is_the_job_rq_itself_saves(
     wakes: WakeProjection, redis_client: redis.Redis, queue: str
 ) -> None:
-    # given the hash rq's own Job.save writes for the same wake, under another id
+    # given the job rq's own Job.save writes for the same wake, under another id
     job_id = str(wakes.arm(AGENT, T1, queue))
-    reference = Job.create(WAKE_FUNC, args=(AGENT, T1), connection=redis_client, result_ttl=0,
-                           ttl=None, id="reference", timeout=WAKE_TIMEOUT_S,
+    reference = Job.create(WAKE_FUNC, connection=redis_client, description=WAKE_DESCRIPTION,
+                           result_ttl=0, ttl=None, id="reference", timeout=WAKE_TIMEOUT_S,
                            status=JobStatus.SCHEDULED, origin=queue)
     reference.save()
-    ours: Any = redis_client.hgetall(Job.key_for(job_id))
-    theirs: Any = redis_client.hgetall(Job.key_for("reference"))
-    # then armed wakes hold the same fields with the same values (only the instant differs)
+    ours = Job.fetch(job_id, connection=redis_client).to_dict()
+    theirs = Job.fetch("reference", connection=redis_client).to_dict()
+    # then rq restores an armed wake as that very job (only the instant differs)
     assert ours.keys() == theirs.keys()
-    assert {k: v for k, v in ours.items() if k != b"created_at"} == {
-        k: v for k, v in theirs.items() if k != b"created_at"}
+    assert {k: v for k, v in ours.items() if k != "created_at"} == {
+        k: v for k, v in theirs.items() if k != "created_at"}
+    # and the stored hash holds no field rq reads as absent when it is empty
+    stored: Any = redis_client.hgetall(Job.key_for(job_id))
+    assert all(stored.values())
+
+
+LONG_AGENT = "session/" + "é-☃" * 60  # an id far longer than any hash value may be
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("agent", [AGENT, "0123456789abcdef", LONG_AGENT],
+                         ids=["short", "sixteen", "long"])
+def test_an_idle_agents_wake_job_is_a_listpack(
+    real_redis: redis.Redis, settings: Settings, agent: str
+) -> None:
+    # given an agent's wake armed on a real redis-server, at its default configuration
+    wakes = Coordination(real_redis, settings).wakes
+    job_id = str(wakes.arm(agent, T1, settings.queue))
+    # then its job hash is a compact listpack, whatever the length of the agent id
+    assert real_redis.object("encoding", Job.key_for(job_id)) == b"listpack"
+    # and the mover still hands on that agent's wake for that target
+    assert wakes.move_due(T1) == 1
+    assert handed_on(real_redis, settings.queue) == [(agent, T1)]
+
+
+def old_format_wake(client: redis.Redis, keys: Keys, agent: str, target_ms: int,
+                    queue: str) -> str:
+    """A wake armed as the code before the slimmed job hash armed it: the hash rq's own
+    ``Job.save`` writes, with the agent and the target as its rq arguments."""
+    job_id = wake_job_id(agent, target_ms)
+    Job.create(WAKE_FUNC, args=(agent, target_ms), connection=client, result_ttl=0, ttl=None,
+               id=job_id, timeout=WAKE_TIMEOUT_S, status=JobStatus.SCHEDULED,
+               origin=queue).save()
+    client.zadd(keys.scheduled_jobs(), {job_id: target_ms / 1000})
+    client.set(keys.current_wake(agent), job_id)
+    return job_id
+
+
+def test_a_wake_armed_before_the_slimmed_job_hash_still_moves(
+    wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
+) -> None:
+    # given a wake left in Redis by the previous code, beside one armed now
+    old = old_format_wake(redis_client, keys, AGENT, T1, queue)
+    wakes.arm("agent-2", T1 + 1, queue)
+    # then the new code knows it as the agent's current wake, for that target
+    assert wakes.current(AGENT) == old
+    assert wakes.arm(AGENT, T1, queue) == old
+    # and the mover hands on both, each for its own agent and target, once
+    assert wakes.move_due(T2) == 2
+    assert handed_on(redis_client, queue) == [(AGENT, T1), ("agent-2", T1 + 1)]
+    assert schedule(redis_client, keys) == {}
+    assert not job_exists(redis_client, old)
+    assert wakes.move_due(T3) == 0
 
 
 def test_arming_more_wakes_than_one_call_holds_writes_each_once(
@@ -143,7 +208,7 @@ def test_arming_more_wakes_than_one_call_holds_writes_each_once(
         str(job_id): (T2 + i) / 1000 for i, job_id in enumerate(second)}
     for i, (agent, old, new) in enumerate(zip(agents, first, second, strict=True)):
         assert wakes.current(agent) == new
-        assert tuple(Job.fetch(str(new), connection=redis_client).args) == (agent, T2 + i)
+        assert armed_wake(redis_client, keys, str(new)) == (agent, T2 + i)
         assert not job_exists(redis_client, str(old))
 
 
@@ -154,7 +219,7 @@ def test_arming_the_same_target_again_is_a_no_op(
     assert wakes.arm(AGENT, T1, queue) == job_id
     assert schedule(redis_client, keys) == {job_id: S1}
     assert wakes.current(AGENT) == job_id
-    assert tuple(Job.fetch(str(job_id), connection=redis_client).args) == (AGENT, T1)
+    assert armed_wake(redis_client, keys, str(job_id)) == (AGENT, T1)
     assert redis_client.exists(keys.wake_counter(AGENT)) == 0
 
 
@@ -189,7 +254,7 @@ def test_a_new_target_in_the_same_second_supersedes_the_current_wake(
     assert schedule(redis_client, keys) == {new: new_ms / 1000}
     assert not job_exists(redis_client, old)
     assert wakes.current(AGENT) == new
-    assert tuple(Job.fetch(new, connection=redis_client).args) == (AGENT, new_ms)
+    assert armed_wake(redis_client, keys, new) == (AGENT, new_ms)
 
 
 def test_arm_none_retires_the_current_wake(
@@ -479,7 +544,7 @@ def test_a_wake_id_whose_job_still_exists_is_never_rescheduled(
     assert job_exists(redis_client, base)
     assert wakes.current(AGENT) == again
     job = Job.fetch(again, connection=redis_client)
-    assert (job.func_name, tuple(job.args), job.result_ttl, job.origin) == (
+    assert (job.func_name, armed_wake(redis_client, keys, again), job.result_ttl, job.origin) == (
         WAKE_FUNC,
         (AGENT, T1),
         0,

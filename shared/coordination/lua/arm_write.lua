@@ -1,12 +1,13 @@
 -- The writes of arming, for many agents in one call (``WakeProjection._write_arms``): for
--- each, a scheduled rq job (the hash rq's own ``Job.save`` writes), its score in the
--- schedule, the current-wake pointer, and the superseded wake's removal. Only a superseded
--- wake still waiting in the schedule is ours to delete; one already handed on (its job
--- hash deleted by the mover) is left alone: its batch runs, finds nothing due (or re-arms)
--- and ends. KEYS[1] the schedule; then per agent the new job hash, the current-wake
--- pointer, the superseded job hash (the new one when none). ARGV[1] S, then S field/value
--- pairs every job shares; then V, the V field names whose values differ from job to job;
--- then per agent its wake id, score, superseded wake id ('' for none) and V values.
+-- each, a scheduled rq job (the slimmed hash ``WakeProjection._scheduled`` builds from rq's
+-- own ``Job.to_dict``), its score in the schedule, the current-wake pointer, and the
+-- superseded wake's removal. Only a superseded wake still waiting in the schedule is ours
+-- to delete; one already handed on (its job hash deleted by the mover) is left alone: its
+-- batch runs, finds nothing due (or re-arms) and ends. KEYS[1] the schedule; then per agent
+-- the new job hash, the current-wake pointer, the superseded job hash (the new one when
+-- none). ARGV[1] S, then S field/value pairs every job shares; then V, the V field names
+-- whose values differ from job to job; then per agent its wake id, score, superseded wake
+-- id ('' for none) and V values.
 
 local s = tonumber(ARGV[1])
 local v = tonumber(ARGV[2 + 2 * s])
