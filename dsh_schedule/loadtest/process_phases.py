@@ -156,14 +156,20 @@ def _used_memory(rt: RedisRuntime) -> int:
     return int(info["used_memory"])
 
 
+def _open_bare(open_runtime: RuntimeFactory, plan: Plan, progress: Progress, name: str,
+               what: str) -> tuple[RedisRuntime, str, str]:
+    """The runtime of the bare libraries' phase ``name`` (announced as ``what``), its job
+    tag and its key prefix."""
+    progress.note(f"bare: {what}, one rq-scheduler process, {plan.workers} stock rq worker(s)")
+    rt = open_runtime(name, 0)
+    return rt, f"{plan.tag}-{name}", f"{rt.settings.prefix}bare:"
+
+
 def _bare_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -> CpuWindow:
     n = plan.idle_agents
-    progress.note(f"bare: {n:,} far-future rq-scheduler jobs, one rq-scheduler process, "
-                  f"{plan.workers} stock rq worker(s)")
-    tag = f"{plan.tag}-bidle"
-    rt = open_runtime("bidle", 0)
+    rt, tag, prefix = _open_bare(open_runtime, plan, progress, "bidle",
+                                 f"{n:,} far-future rq-scheduler jobs")
     try:
-        prefix = f"{rt.settings.prefix}bare:"
         scheduler = bare.scheduler_for(prefix, rt.client)
         target = wall_clock_ms() + DAY_MS
 
@@ -283,12 +289,9 @@ def _due_second(probe: Callable[[int], bool], count: int, plan: Plan) -> int:
 def _bare_burst(open_runtime: RuntimeFactory, plan: Plan,
                 progress: Progress) -> tuple[Latency, float, int]:
     n = plan.burst_agents
-    progress.note(f"bare: {n:,} rq jobs due at once, one rq-scheduler process, "
-                  f"{plan.workers} stock rq worker(s)")
-    tag = f"{plan.tag}-bburst"
-    rt = open_runtime("bburst", 0)
+    rt, tag, prefix = _open_bare(open_runtime, plan, progress, "bburst",
+                                 f"{n:,} rq jobs due at once")
     try:
-        prefix = f"{rt.settings.prefix}bare:"
         rt.start_bare_workers(rt.settings.queue, plan.workers)
         rt.start_bare_scheduler(prefix, rt.settings.queue)
         scheduler = bare.scheduler_for(prefix, rt.client)
