@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
-from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
+from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant, parse_instant
 from dsh_schedule.status import Status
 from dsh_schedule.web import model
 from dsh_schedule.web.access import (
@@ -73,6 +73,7 @@ def template_environment() -> jinja2.Environment:
     env.filters["urlpart"] = lambda text: quote(str(text), safe="")
     env.filters["clock"] = lambda ms, zone=None: model.local_text(int(ms), zone)
     env.filters["instant"] = _instant
+    env.filters["epoch_ms"] = parse_instant
     env.filters["seconds"] = _seconds
     return env
 

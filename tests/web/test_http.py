@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.web.console import ConsoleError, create_call
 from tests.support import wait_until
-from tests.web.conftest import Served
+from tests.web.conftest import ROOT, Served
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 
@@ -139,6 +140,34 @@ def test_the_status_json_is_what_status_reads(served: Served) -> None:
     assert value["queues"][0]["name"] == served.console.settings.queue
     status, _, page = call(served.at("/operations"))
     assert status == 200 and 'id="lateness"' in page
+
+
+def test_the_next_wakes_are_times_the_browser_shows_in_its_zone(served: Served) -> None:
+    """A next wake carries its instant for the page's script, which shows it in the
+    browser's zone, and a countdown, as the sessions page's next due time does."""
+    served.console.create_session("w", "UTC")
+    status, _, _ = call(served.at("/create/w"), {
+        "prompt": "stretch", "selector": "after_seconds", "after_seconds": "600"})
+    assert status == 303
+    due = wait_until_wake(served)
+    _, _, page = call(served.at("/operations/figures"))
+    due_ms = parse_instant(due)
+    assert (f'<time datetime="{due}" data-local-ms="{due_ms}"' in page
+            and f'<span class="countdown" data-due-ms="{due_ms}">' in page)
+    script = (ROOT / "dsh_schedule/web/static/console.js").read_text()
+    assert "[data-local-ms]" in script and "[data-due-ms]" in script
+
+
+def wait_until_wake(served: Served) -> str:
+    found: list[str] = []
+
+    def scheduled() -> bool:
+        _, _, body = call(served.at("/api/status"))
+        found[:] = [w["due"] for w in json.loads(body)["nextWakes"]]
+        return bool(found)
+
+    wait_until(scheduled)
+    return found[0]
 
 
 def test_a_log_that_cannot_be_read_is_said_to_be_unreadable(served: Served) -> None:
