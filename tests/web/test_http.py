@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -290,3 +291,45 @@ def test_the_create_form_offers_cron_only_with_calendar_rules() -> None:
                                        "time_zone": "Europe/Berlin"}}
     with pytest.raises(ConsoleError, match="one of after_seconds, at, every_seconds$"):
         create_call(form, calendar=False)
+
+
+def test_the_sessions_page_lists_every_sessions_reminders_with_a_filter(
+        served: Served) -> None:
+    for session, prompt, at in (("north", "water the plants", "2099-01-02T17:00"),
+                                ("south", "call the office", "2099-03-01T09:00")):
+        served.console.create_session(session, "UTC")
+        status, _, _ = call(served.at(f"/create/{session}"), {
+            "prompt": prompt, "selector": "at", "at": at, "clientTimeZone": "UTC"})
+        assert status == 303
+    status, _, page = call(served.at("/"))
+    assert status == 200 and 'id="reminder-filter"' in page
+    assert listed(page) == [("north", "schedule-1"), ("south", "schedule-1")]
+    assert "water the plants" in page and "call the office" in page
+
+    _, _, page = call(served.at("/?q=OFFICE"))
+    assert listed(page) == [("south", "schedule-1")]
+    # The north reminder is due at 2099-01-02T17:00Z, 2099-01-03 01:00 in Shanghai.
+    query = urllib.parse.urlencode({"due_before": "2099-01-03T01:00", "zone": "Asia/Shanghai"})
+    _, _, page = call(served.at(f"/?{query}"))
+    assert listed(page) == [] and "No active reminders pass the filter." in page
+    query = urllib.parse.urlencode({"due_before": "2099-01-03T01:00:01",
+                                    "zone": "Asia/Shanghai"})
+    _, _, page = call(served.at(f"/?{query}"))
+    assert listed(page) == [("north", "schedule-1")]
+
+    status, _, page = call(served.at("/?due_before=tonight"))
+    assert status == 400 and 'id="filter-error"' in page and "is not a local date" in page
+
+
+def test_a_session_that_cannot_be_listed_is_named_above_the_reminders(served: Served) -> None:
+    served.console.create_session("broken", "UTC")
+    with served.console.store.path("broken").open("a", encoding="utf-8") as log:
+        log.write("this is no event\n")
+    status, _, page = call(served.at("/?q=" + urllib.parse.quote(HOSTILE)))
+    assert status == 200 and 'data-unreadable="broken"' in page and HOSTILE not in page
+
+
+def listed(page: str) -> list[tuple[str, str]]:
+    """The (session, id) of each row of the sessions page's list across sessions."""
+    table = page.split('id="all-reminders"', 1)[1]
+    return re.findall(r'<tr data-session="([^"]+)" data-schedule-id="([^"]+)"', table)
