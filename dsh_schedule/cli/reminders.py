@@ -43,7 +43,7 @@ def cmd_reminders(args: argparse.Namespace) -> int:
     for row in active_reminders(store, now_ms=wall_clock_ms(), due_before_ms=args.due_before):
         if not isinstance(row, ActiveReminder):
             out.flush()
-            print(f"dsh-schedule: reminders: session {terminal_text(row.session)!s} cannot be "
+            print(f"dsh-schedule: reminders: session {terminal_text(row.session)} cannot be "
                   f"listed: {terminal_text(row.reason)}", file=sys.stderr)
             status = EXIT_UNHEALTHY
             continue
