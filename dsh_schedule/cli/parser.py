@@ -32,6 +32,7 @@ from dsh_schedule.cli.common import (
     session_id_arg,
 )
 from dsh_schedule.cli.ops import cmd_health, cmd_status, cmd_web
+from dsh_schedule.cli.reminders import add_arguments as reminders_arguments
 from dsh_schedule.shared.settings import LOG_LEVELS, LogSettings, SettingsError
 
 # -- parser ---------------------------------------------------------------------------
@@ -228,6 +229,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("args_json", nargs="?", metavar="ARGS_JSON",
                    help="the tool's arguments as a JSON object (default: {})")
     p.set_defaults(func=cmd_call)
+
+    p = sub.add_parser("reminders", help="list the active reminders of every session, "
+                       "read from the session logs")
+    _common(p, redis=False)
+    reminders_arguments(p)
 
     p = sub.add_parser("worker", help="serve wakes (rq SimpleWorker)")
     _common(p)

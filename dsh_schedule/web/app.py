@@ -32,7 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
-from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
+from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant, parse_instant
 from dsh_schedule.status import Status
 from dsh_schedule.web import model
 from dsh_schedule.web.access import (
@@ -55,6 +55,10 @@ STATIC: Final = HERE / "static"
 POLL_S: Final = 0.2  # how often a live stream looks at the logs
 REFRESH_S: Final = 5.0  # a live stream re-sends its fragments at least this often
 MAX_FORM_BYTES: Final = 64 * 1024
+# The sessions page's filter of the active reminders: a local date and time, the browser's
+# zone it is read in, and a text.
+FILTER_FIELDS: Final = ("due_before", "zone", "q")
+MAX_FILTER: Final = 200
 _LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
 ACKNOWLEDGEMENT: Final = "X-Acknowledgement"  # a form's answer, percent-encoded UTF-8
 FAVICON: Final = (STATIC / "favicon.svg").read_bytes()
@@ -73,6 +77,7 @@ def template_environment() -> jinja2.Environment:
     env.filters["urlpart"] = lambda text: quote(str(text), safe="")
     env.filters["clock"] = lambda ms, zone=None: model.local_text(int(ms), zone)
     env.filters["instant"] = _instant
+    env.filters["epoch_ms"] = parse_instant
     env.filters["seconds"] = _seconds
     return env
 
@@ -173,14 +178,23 @@ def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
     # -- sessions ---------------------------------------------------------------------
 
     async def sessions_page(error: str | None = None, form_id: str = "",
-                            form_zone: str = "", status_code: int = 200) -> HTMLResponse:
+                            form_zone: str = "", status_code: int = 200,
+                            query: dict[str, str] | None = None) -> HTMLResponse:
         summaries = await in_thread(console.summaries)
+        found = {key: (query or {}).get(key, "")[:MAX_FILTER] for key in FILTER_FIELDS}
+        filter_error = None
+        try:
+            listing = await in_thread(console.reminders, found["due_before"], found["zone"],
+                                      found["q"])
+        except ConsoleError as exc:
+            listing, filter_error, status_code = None, str(exc), 400
         return page("sessions.html", status_code, nav="sessions", summaries=summaries,
-                    error=error, form_id=form_id, form_zone=form_zone)
+                    error=error, form_id=form_id, form_zone=form_zone, listing=listing,
+                    filter=found, filter_error=filter_error)
 
     @app.get("/", response_class=HTMLResponse)
-    async def index() -> HTMLResponse:
-        return await sessions_page()
+    async def index(request: Request) -> HTMLResponse:
+        return await sessions_page(query=dict(request.query_params))
 
     @app.post("/sessions", response_model=None)
     async def create_session(request: Request) -> Response:

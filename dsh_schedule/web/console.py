@@ -25,7 +25,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import redis
@@ -40,6 +40,7 @@ from dsh_schedule.host.reference import (
     Agent,
     ReferenceHost,
 )
+from dsh_schedule.reminders import active_reminders
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
@@ -54,8 +55,8 @@ from dsh_schedule.shared.core.events import (
     SessionHeader,
 )
 from dsh_schedule.shared.core.fold import FoldState
-from dsh_schedule.shared.core.instant import format_instant
-from dsh_schedule.shared.core.timesel import is_valid_zone
+from dsh_schedule.shared.core.instant import format_instant, to_ms
+from dsh_schedule.shared.core.timesel import is_valid_zone, load_zone
 from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
@@ -266,6 +267,15 @@ class Console:
             found.append(pages.session_summary(session, state, problem, now_ms=now))
         return found
 
+    def reminders(self, due_before: str = "", zone: str = "", text: str = ""
+                  ) -> pages.ReminderListing:
+        """The active reminders of every session, walked session by session: those due
+        before ``due_before`` (a local date and time read in ``zone``, the browser's;
+        empty: any time) whose session id, id, kind or prompt holds ``text``."""
+        before_ms = None if not due_before.strip() else _local_instant(due_before, zone)
+        found = active_reminders(self.store, now_ms=self.clock(), due_before_ms=before_ms)
+        return pages.reminder_listing(found, text.strip())
+
     def signature(self) -> tuple[tuple[str, int], ...]:
         """Each session and its log's length: what the sessions page watches."""
         found = []
@@ -430,6 +440,19 @@ def _compact(value: Any) -> str:
 def _message(now: int, text: str, source: dict[str, Any]) -> NewEvent:
     return NewEvent(type=USER_MESSAGE, time=now,
                     data={"content": [{"type": "text", "text": text}], "source": source})
+
+
+def _local_instant(text: str, zone: str) -> int:
+    """Epoch ms of a form's local date and time (``YYYY-MM-DDTHH:MM[:SS]``) in ``zone``
+    (UTC when it is no zone Schedule accepts); ConsoleError when it is no such time."""
+    try:
+        local = datetime.fromisoformat(text.strip())
+    except ValueError:
+        local = None
+    if local is None or local.tzinfo is not None:
+        raise ConsoleError(f"{text!r} is not a local date and time such as 2030-01-01T06:00")
+    where = load_zone(zone) if is_valid_zone(zone) else UTC
+    return to_ms(local.replace(tzinfo=where))
 
 
 def _reading_text(now: int, zone: str | None) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dsh_schedule.reminders import ActiveReminder, Unreadable
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, Event, Session
 from dsh_schedule.shared.core.fold import FoldState
@@ -410,3 +411,35 @@ def lateness(found: Iterable[tuple[int, int]], *, limit: int = RECENT_DELIVERIES
         p90_ms=_percentile(ordered, 0.9) if ordered else None,
         max_ms=ordered[-1] if ordered else None,
     )
+
+
+# -- one view across sessions ---------------------------------------------------------------
+
+LISTED_REMINDERS: Final = 200  # the sessions page lists at most this many reminders
+
+
+@dataclass(frozen=True)
+class ReminderListing:
+    """The active reminders of every session that pass the filter, at most
+    ``LISTED_REMINDERS`` of them (``more``: others pass it too), and the sessions that
+    could not be listed, with why."""
+
+    rows: tuple[ActiveReminder, ...]
+    more: bool
+    unreadable: tuple[Unreadable, ...]
+
+
+def reminder_listing(found: Iterable[ActiveReminder | Unreadable], text: str, *,
+                     limit: int = LISTED_REMINDERS) -> ReminderListing:
+    """The rows of ``found`` whose fields hold ``text`` (all when it is empty), taken
+    until ``limit`` of them and one more are seen: the walk stops there."""
+    rows: list[ActiveReminder] = []
+    unreadable: list[Unreadable] = []
+    for row in found:
+        if isinstance(row, Unreadable):
+            unreadable.append(row)
+        elif not text or row.matches(text):
+            if len(rows) == limit:
+                return ReminderListing(tuple(rows), True, tuple(unreadable))
+            rows.append(row)
+    return ReminderListing(tuple(rows), False, tuple(unreadable))

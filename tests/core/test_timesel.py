@@ -381,3 +381,21 @@ def test_local_wall_time_round_trip(ms: int, zone_name: str) -> None:
         again = to_datetime(resolved).astimezone(load_zone(zone_name))
         assert again.replace(tzinfo=None) == shown.replace(tzinfo=None)
         assert ms - resolved <= timedelta(hours=24) / timedelta(milliseconds=1)
+
+
+# ---------------------------------------------------------------- before the Gregorian reform
+
+
+def test_local_dates_before_1582_are_proleptic_gregorian() -> None:
+    """docs/decisions.md, "Two differences from the reference implementation": a local
+    date before 1582-10-15 is read in the proleptic ISO calendar, not the Julian one."""
+    long_ago = parse_instant("1000-01-01T00:00:00.000Z")
+    # The ten days the reform skipped exist, and a date keeps its Gregorian instant.
+    assert (resolve(local("1582-10-10", "12:00:00", "UTC"), now_ms=long_ago)
+            == "1582-10-10T12:00:00.000Z")
+    assert (resolve(local("1300-03-01", "00:00:00", "UTC"), now_ms=long_ago)
+            == "1300-03-01T00:00:00.000Z")
+    # A Julian leap day that is no Gregorian one is no date.
+    assert error_code(local("1500-02-29", "12:00:00", "UTC")) == "invalid_rule"
+    # Any such date is in the past today.
+    assert error_code(local("1582-10-10", "12:00:00", "UTC")) == "not_future"

@@ -83,12 +83,13 @@ def session_file(tmp_path: Path) -> Path:
     ["fold", "{file}", "--now", "2030-01-01T00:00:00Z"],
     ["present", "{file}", "0"],
     ["catalog", "--format", "openai"],
+    ["reminders", "--sessions", "{dir}", "--json"],
     ["--version"],
     ["--help"],
     ["call", "--help"],
 ])
 def test_read_only_commands_load_no_redis_or_rq(session_file: Path, argv: list[str]) -> None:
-    argv = [arg.format(file=session_file) for arg in argv]
+    argv = [arg.format(file=session_file, dir=session_file.parent) for arg in argv]
     assert loaded_heavy(run_main(argv), session_file.parent) == []
 
 

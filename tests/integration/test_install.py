@@ -85,3 +85,21 @@ def test_a_regular_install_has_one_top_level_name_and_a_working_command(
     )
     assert (command.returncode, command.stdout, command.stderr) == (
         0, f"dsh-schedule {version}\n", "")
+
+
+def test_the_license_is_an_spdx_expression_with_its_text_beside_it() -> None:
+    """pyproject.toml names the license as an SPDX expression (the table form stops
+    building in 2027) and ships the LICENSE file, which holds that license's text."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    project = pyproject["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License\n\nCopyright (c) ")
+    assert "Permission is hereby granted, free of charge, to any person obtaining a copy" in text
+    assert 'THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND' in text
+    # Setuptools reads license-files and an SPDX license from 77.0.3 on (PEP 639).
+    assert pyproject["build-system"]["requires"] == ["setuptools>=77.0.3"]
+    # .ci/run builds and checks the distributions with these.
+    assert {"build", "twine"} <= {
+        req.split(">")[0].split("=")[0] for req in project["optional-dependencies"]["test"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -10,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.web.console import ConsoleError, create_call
 from tests.support import wait_until
-from tests.web.conftest import Served
+from tests.web.conftest import ROOT, Served
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 
@@ -141,6 +143,34 @@ def test_the_status_json_is_what_status_reads(served: Served) -> None:
     assert status == 200 and 'id="lateness"' in page
 
 
+def test_the_next_wakes_are_times_the_browser_shows_in_its_zone(served: Served) -> None:
+    """A next wake carries its instant for the page's script, which shows it in the
+    browser's zone, and a countdown, as the sessions page's next due time does."""
+    served.console.create_session("w", "UTC")
+    status, _, _ = call(served.at("/create/w"), {
+        "prompt": "stretch", "selector": "after_seconds", "after_seconds": "600"})
+    assert status == 303
+    due = wait_until_wake(served)
+    _, _, page = call(served.at("/operations/figures"))
+    due_ms = parse_instant(due)
+    assert (f'<time datetime="{due}" data-local-ms="{due_ms}"' in page
+            and f'<span class="countdown" data-due-ms="{due_ms}">' in page)
+    script = (ROOT / "dsh_schedule/web/static/console.js").read_text()
+    assert "[data-local-ms]" in script and "[data-due-ms]" in script
+
+
+def wait_until_wake(served: Served) -> str:
+    found: list[str] = []
+
+    def scheduled() -> bool:
+        _, _, body = call(served.at("/api/status"))
+        found[:] = [w["due"] for w in json.loads(body)["nextWakes"]]
+        return bool(found)
+
+    wait_until(scheduled)
+    return found[0]
+
+
 def test_a_log_that_cannot_be_read_is_said_to_be_unreadable(served: Served) -> None:
     served.console.create_session("broken", "UTC")
     path = served.console.store.path("broken")
@@ -261,3 +291,45 @@ def test_the_create_form_offers_cron_only_with_calendar_rules() -> None:
                                        "time_zone": "Europe/Berlin"}}
     with pytest.raises(ConsoleError, match="one of after_seconds, at, every_seconds$"):
         create_call(form, calendar=False)
+
+
+def test_the_sessions_page_lists_every_sessions_reminders_with_a_filter(
+        served: Served) -> None:
+    for session, prompt, at in (("north", "water the plants", "2099-01-02T17:00"),
+                                ("south", "call the office", "2099-03-01T09:00")):
+        served.console.create_session(session, "UTC")
+        status, _, _ = call(served.at(f"/create/{session}"), {
+            "prompt": prompt, "selector": "at", "at": at, "clientTimeZone": "UTC"})
+        assert status == 303
+    status, _, page = call(served.at("/"))
+    assert status == 200 and 'id="reminder-filter"' in page
+    assert listed(page) == [("north", "schedule-1"), ("south", "schedule-1")]
+    assert "water the plants" in page and "call the office" in page
+
+    _, _, page = call(served.at("/?q=OFFICE"))
+    assert listed(page) == [("south", "schedule-1")]
+    # The north reminder is due at 2099-01-02T17:00Z, 2099-01-03 01:00 in Shanghai.
+    query = urllib.parse.urlencode({"due_before": "2099-01-03T01:00", "zone": "Asia/Shanghai"})
+    _, _, page = call(served.at(f"/?{query}"))
+    assert listed(page) == [] and "No active reminders pass the filter." in page
+    query = urllib.parse.urlencode({"due_before": "2099-01-03T01:00:01",
+                                    "zone": "Asia/Shanghai"})
+    _, _, page = call(served.at(f"/?{query}"))
+    assert listed(page) == [("north", "schedule-1")]
+
+    status, _, page = call(served.at("/?due_before=tonight"))
+    assert status == 400 and 'id="filter-error"' in page and "is not a local date" in page
+
+
+def test_a_session_that_cannot_be_listed_is_named_above_the_reminders(served: Served) -> None:
+    served.console.create_session("broken", "UTC")
+    with served.console.store.path("broken").open("a", encoding="utf-8") as log:
+        log.write("this is no event\n")
+    status, _, page = call(served.at("/?q=" + urllib.parse.quote(HOSTILE)))
+    assert status == 200 and 'data-unreadable="broken"' in page and HOSTILE not in page
+
+
+def listed(page: str) -> list[tuple[str, str]]:
+    """The (session, id) of each row of the sessions page's list across sessions."""
+    table = page.split('id="all-reminders"', 1)[1]
+    return re.findall(r'<tr data-session="([^"]+)" data-schedule-id="([^"]+)"', table)

@@ -3,9 +3,11 @@ receipts, a session's live state, the lateness histogram; and the templates' esc
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dsh_schedule.reminders import ActiveReminder, Unreadable
 from dsh_schedule.shared.core.events import Event, Session, SessionHeader
 from dsh_schedule.shared.core.fold import fold
 from dsh_schedule.shared.core.instant import parse_instant
@@ -164,3 +166,23 @@ def test_a_tool_answer_reads_as_its_fields() -> None:
     listed = item('[{"id":"schedule-1","prompt":"a"},{"id":"schedule-2","prompt":"b"}]')
     assert [name for name, _ in listed.fields] == ["schedule-1", "schedule-2"]
     assert item("not json").fields == ()
+
+
+def test_the_list_across_sessions_stops_walking_past_its_limit() -> None:
+    """At most the limit of matching rows, ``more`` when another matches; the walk is
+    not taken further than that one, and unreadable sessions are kept."""
+    walked: list[str] = []
+
+    def found() -> Iterator[ActiveReminder | Unreadable]:
+        yield Unreadable("bad", "log line 3 malformed")
+        for n in range(10):
+            walked.append(f"s{n}")
+            yield ActiveReminder(f"s{n}", {"id": "schedule-1", "kind": "after",
+                                           "prompt": "even" if n % 2 == 0 else "odd"}, n)
+
+    listing = pages.reminder_listing(found(), "EVEN", limit=2)
+    assert [row.session for row in listing.rows] == ["s0", "s2"] and listing.more
+    assert walked == ["s0", "s1", "s2", "s3", "s4"]
+    assert [u.session for u in listing.unreadable] == ["bad"]
+    listing = pages.reminder_listing(found(), "", limit=20)
+    assert len(listing.rows) == 10 and not listing.more

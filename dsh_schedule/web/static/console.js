@@ -33,8 +33,29 @@
     return Math.round(minutes / 60) + " h";
   }
 
+  // "YYYY-MM-DD HH:MM:SS ZONE" in the browser's zone: the form the server gives a
+  // session's times in its zone, for times that belong to no session (the next wakes).
+  function localTime(ms) {
+    var zone = browserZone();
+    try {
+      var parts = {};
+      new Intl.DateTimeFormat("en-GB", {
+        timeZone: zone || undefined, hourCycle: "h23", year: "numeric", month: "2-digit",
+        day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit"
+      }).formatToParts(new Date(ms)).forEach(function (part) { parts[part.type] = part.value; });
+      return parts.year + "-" + parts.month + "-" + parts.day + " " + parts.hour + ":" +
+        parts.minute + ":" + parts.second + " " + (zone || "local");
+    } catch (error) {
+      return null;
+    }
+  }
+
   function tick() {
     var now = Date.now();
+    document.querySelectorAll("[data-local-ms]").forEach(function (element) {
+      var text = localTime(Number(element.getAttribute("data-local-ms")));
+      if (text !== null && element.textContent !== text) element.textContent = text;
+    });
     document.querySelectorAll("[data-due-ms]").forEach(function (element) {
       var left = Number(element.getAttribute("data-due-ms")) - now;
       element.textContent = left > 0 ? "in " + span(left) : "due " + span(left) + " ago";
@@ -149,6 +170,7 @@
     composer();
     actions();
     tick();
+    document.addEventListener("htmx:afterSwap", function () { tick(); });
     window.setInterval(tick, 1000);
   });
 })();
