@@ -25,6 +25,7 @@ from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.terminal import shown_json, terminal_text
 
 if TYPE_CHECKING:
+    from dsh_schedule.host.gate import Delivery
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
 # -- read-only commands on the pure core ----------------------------------------------
@@ -223,18 +224,21 @@ def cmd_host(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.coordination.agents import Coordination
 
     coordination = Coordination(redis.Redis.from_url(url), settings)
-    host = ReferenceHost(
-        store,
-        coordination,
-        settings,
-        on_delivery=lambda session, d: print(f"{terminal_text(session)}: delivered {d.text!r}",
-                                             flush=True),
-    )
+    stop = threading.Event()
+    output_closed: list[BrokenPipeError] = []
+
+    def delivered(session: str, delivery: Delivery) -> None:
+        try:
+            print(f"{terminal_text(session)}: delivered {delivery.text!r}", flush=True)
+        except BrokenPipeError as exc:  # the reader went away: stop as SIGPIPE would
+            output_closed.append(exc)
+            stop.set()
+
+    host = ReferenceHost(store, coordination, settings, on_delivery=delivered)
     host.open_roots(sessions)
     from dsh_schedule.shared.collector import tune_for_service
 
     tune_for_service()
-    stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
         stop.set()
@@ -247,6 +251,8 @@ def cmd_host(args: argparse.Namespace) -> int:
         host.run(stop)
     finally:
         host.close()
+    if output_closed:
+        raise output_closed[0]  # ``main`` ends the command quietly
     return 0
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.conftest import real_redis_url
 from tests.integration.test_cli import EVENTS, cli, cli_env, write_log
+from tests.support import Processes, process_env, reminder_texts
 
 # -- a reader that went away ------------------------------------------------------------
 
@@ -160,3 +162,39 @@ def test_call_prints_the_exact_rendering_to_a_script_and_escapes_for_a_terminal(
     folded = on_a_terminal("fold", log)
     assert "\\u0085" in folded and json.loads(folded) == json.loads(shown)
     assert PROMPT in cli("fold", log).stdout
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_host_whose_reader_went_away_stops_quietly_after_the_delivery(
+    tmp_path: Path, real_redis: object,
+) -> None:
+    # Given a host whose standard output nobody reads any more, a worker and a scheduler
+    processes = Processes(tmp_path, process_env(
+        real_redis_url(), tmp_path / "sessions", prefix="pipe:", queue="pipe",
+        lease_renew="1", mover_interval="0.1"))
+    assert processes.run("session", "create", "s1").returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with (tmp_path / "host.log").open("w") as log:
+        host = subprocess.Popen([sys.executable, "-m", "dsh_schedule", "host", "s1"],
+                                env=processes.env, stdout=write_end, stderr=log)
+    os.close(write_end)
+    try:
+        processes.spawn("worker", "worker")
+        processes.spawn("scheduler", "scheduler")
+        # When a reminder is delivered and the host prints that it was
+        made = processes.run("call", "s1", "schedule_create",
+                             json.dumps({"prompt": "stretch", "after_seconds": 1}))
+        assert made.returncode == 0, made.stderr
+        # Then the host stops, as SIGPIPE would have stopped it, with no traceback
+        assert host.wait(60) == 141, (tmp_path / "host.log").read_text()
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+        processes.close()
+    assert "Traceback" not in (tmp_path / "host.log").read_text()
+    store = JsonlStore(tmp_path / "sessions")
+    assert reminder_texts(store, "s1") != []
+    assert processes.check(tmp_path / "sessions").returncode == 0
