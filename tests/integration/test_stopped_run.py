@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import children
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,3 +95,15 @@ def test_a_stopped_run_leaves_no_process_behind(tmp_path: Path, sig: signal.Sign
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_suite_notes_every_child_its_tests_start(pytestconfig: pytest.Config) -> None:
+    # the suite's own conftest loads the plugin the run above was given with -p
+    assert pytestconfig.pluginmanager.has_plugin(children.__name__)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert child in children.running()
+    finally:
+        child.kill()
+        child.wait()
+    assert child not in children.running()
