@@ -37,7 +37,7 @@ def closed_reader_run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 OUTPUT_COMMANDS = ["help", "version", "catalog openai", "catalog", "check", "fold",
-                   "session create", "call", "status", "status json", "health"]
+                   "session create", "call", "reminders", "status", "status json", "health"]
 
 
 def output_command(tmp_path: Path, name: str) -> list[str]:
@@ -51,6 +51,7 @@ def output_command(tmp_path: Path, name: str) -> list[str]:
         "fold": ["fold", str(log), "--now", "2026-12-01T09:00:00Z"],
         "session create": ["session", "create", "new", "--sessions", str(tmp_path)],
         "call": ["call", "s", "schedule_list", "{}", "--sessions", str(tmp_path)],
+        "reminders": ["reminders", "--sessions", str(tmp_path)],
         "status": ["status", "--redis", real_redis_url()],
         "status json": ["status", "--json", "--redis", real_redis_url()],
         "health": ["health", "--redis", real_redis_url()],
@@ -162,6 +163,10 @@ def test_call_prints_the_exact_rendering_to_a_script_and_escapes_for_a_terminal(
     folded = on_a_terminal("fold", log)
     assert "\\u0085" in folded and json.loads(folded) == json.loads(shown)
     assert PROMPT in cli("fold", log).stdout
+    # and reminders --json prints the same view with its session
+    listed = cli("reminders", "--json", "--sessions", str(sessions))
+    assert PROMPT in listed.stdout and json.loads(listed.stdout)["prompt"] == PROMPT
+    assert "\\u0085" in on_a_terminal("reminders", "--json", "--sessions", str(sessions))
 
 
 @pytest.mark.redis
