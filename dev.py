@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """Self-contained project commands for a machine that has only Python.
 
-    python3 dev.py demo    # the main job, on embedded defaults
-    python3 dev.py test    # the whole test suite (pytest arguments may follow)
-    python3 dev.py lint    # ruff, mypy --strict and lint-imports; fails if any fails
-    python3 dev.py lock    # refresh requirements.lock from pyproject.toml's ranges
+    python3 dev.py demo        # the main job, on embedded defaults
+    python3 dev.py run ARGS…   # dsh-schedule ARGS… from .venv (e.g. run web, run --version)
+    python3 dev.py test        # the whole test suite (pytest arguments may follow)
+    python3 dev.py lint        # ruff, mypy --strict and lint-imports; fails if any fails
+    python3 dev.py lock        # refresh requirements.lock from pyproject.toml's ranges
+    python3 dev.py --help      # this text (no command at all prints it too, and exits 2)
 
 Each command creates ``.venv`` on first use and reinstalls when pyproject.toml or
 requirements.lock changes; the install takes its versions from requirements.lock. ``demo``
-installs the project alone; the other commands add its test extra.
+installs the project alone; the other commands add its test extra. A command this script
+does not know, or none, installs nothing.
+
+``test``, ``demo`` and ``run`` become the process they start, so a signal that stops
+``dev.py`` (SIGTERM, Ctrl-C) reaches it directly.
 
 The tests start their own redis-server on a free port and stop it at the end; with
 DSH_SCHEDULE_TEST_REDIS=redis://HOST:PORT/DB in the environment (passed through as is)
@@ -125,23 +131,47 @@ def _lint(env: dict[str, str]) -> int:
     return 0
 
 
+COMMANDS = ("demo", "run", "test", "lint", "lock")
+HELP = ("-h", "--help", "help")
+
+
+def _usage() -> str:
+    return (__doc__ or "").strip() + "\n"
+
+
+def _become(argv: list[str], env: dict[str, str]) -> int:
+    """Run ``argv`` in place of this process where the system allows it (so a signal
+    meant for the run reaches it), else as a child; its exit status."""
+    if os.name == "posix":
+        os.chdir(ROOT)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(argv[0], argv, env)
+    return subprocess.call(argv, cwd=ROOT, env=env)
+
+
 def main(argv: list[str]) -> int:
-    command, rest = (argv[0], argv[1:]) if argv else ("test", [])
+    if not argv or argv[0] in HELP:
+        # No command is a mistake (exit 2, the usage on stderr); asking for help is not.
+        (sys.stdout if argv else sys.stderr).write(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"dev: unknown command {command!r}; use {', '.join(COMMANDS)} "
+              "(python3 dev.py --help)", file=sys.stderr)
+        return 2
     if command == "lock":
         return _lock()
     _ensure_venv(None if command == "demo" else "test")
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     if command == "test":
         _report_test_redis()
-        return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest], cwd=ROOT, env=env)
+        return _become([str(BIN / "python"), "-m", "pytest", *rest], env)
     if command == "lint":
         return _lint(env)
     if command == "demo":
-        return subprocess.call([str(BIN / "dsh-schedule"), "demo", *rest], cwd=ROOT, env=env)
-    if command == "run":
-        return subprocess.call([str(BIN / "dsh-schedule"), *rest], cwd=ROOT, env=env)
-    print(f"dev: unknown command {command!r}; use demo, test, lint, lock or run", file=sys.stderr)
-    return 2
+        return _become([str(BIN / "dsh-schedule"), "demo", *rest], env)
+    return _become([str(BIN / "dsh-schedule"), *rest], env)
 
 
 if __name__ == "__main__":

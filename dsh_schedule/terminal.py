@@ -9,7 +9,7 @@ of such text goes through here first.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TextIO
 
 _NAMED: Final = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -51,3 +51,14 @@ def terminal_json(text: str) -> str:
         else:
             out.append(f"\\u{point:04x}")
     return "".join(out)
+
+
+def shown_json(text: str, stream: TextIO) -> str:
+    """A JSON text as a command prints it to ``stream``: ``terminal_json`` on a terminal,
+    else exactly as given, so a script reads the tool's own rendering
+    (docs/decisions.md#ids-at-the-command-line)."""
+    try:
+        terminal = stream.isatty()
+    except ValueError:  # a closed stream: nothing is shown on it anyway
+        terminal = False
+    return terminal_json(text) if terminal else text

@@ -23,6 +23,7 @@ from redis.connection import Connection
 
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.settings import Settings
+from tests import children
 from tests.redis_server import TEST_REDIS_ENV, RedisServer, RedisServerMissing
 
 # Where real-Redis tests point when there is no Redis to be had: nothing listens on port 1,
@@ -100,6 +101,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if browser:
         others = [item for item in items if "browser_name" not in getattr(item, "fixturenames", ())]
         items[:] = others + browser
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every process a test starts ends with the run, however it is stopped.
+    if not config.pluginmanager.has_plugin(children.__name__):
+        config.pluginmanager.register(children, children.__name__)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -9,44 +9,22 @@ own either way; so without that variable no test ever touches a server it did no
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 import redis
 
+from tests.children import PRE_EXEC
+
 TEST_REDIS_ENV = "DSH_SCHEDULE_TEST_REDIS"
 START_TIMEOUT_S = 10.0
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """On Linux, a pre-exec hook that makes the child get SIGTERM when the thread that
-    started it dies, so a test run that is killed outright leaves no server behind."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-    return hook
-
-
-_PRE_EXEC = _parent_death_signal()
 
 
 class RedisServerMissing(RuntimeError):
@@ -159,7 +137,7 @@ class RedisServer:
              "--appendonly", "no", "--dir", str(self.directory),
              "--logfile", str(self.log_path), "--daemonize", "no"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_PRE_EXEC,  # only prctl(2) between fork and exec
+            preexec_fn=PRE_EXEC,  # only prctl(2) between fork and exec
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

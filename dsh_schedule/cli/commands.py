@@ -22,9 +22,10 @@ from dsh_schedule.cli.common import (
     tool_args,
 )
 from dsh_schedule.shared.clock import wall_clock_ms
-from dsh_schedule.terminal import terminal_json, terminal_text
+from dsh_schedule.terminal import shown_json, terminal_text
 
 if TYPE_CHECKING:
+    from dsh_schedule.host.gate import Delivery
     from dsh_schedule.shared.store.jsonl import JsonlStore
 
 # -- read-only commands on the pure core ----------------------------------------------
@@ -55,7 +56,8 @@ def cmd_fold(args: argparse.Namespace) -> int:
 
     session = read_session_file(Path(args.file))
     now = wall_clock_ms() if args.now is None else args.now
-    print(render(list_value(fold(session.events, session.seed_length), now)))
+    print(shown_json(render(list_value(fold(session.events, session.seed_length), now)),
+                     sys.stdout))
     return 0
 
 
@@ -67,7 +69,7 @@ def cmd_present(args: argparse.Namespace) -> int:
     session = read_session_file(Path(args.file))
     shown = reminder_presentation(session.events, args.seq, session.seed_length)
     # An event that is no dispatch has no receipt: its receipt value is null.
-    print(terminal_json(render(None if shown is None else receipt_value(shown))))
+    print(shown_json(render(None if shown is None else receipt_value(shown)), sys.stdout))
     return 0
 
 
@@ -99,9 +101,14 @@ def cmd_session(args: argparse.Namespace) -> int:
     if args.session_command == "create":
         if args.time_zone is not None:
             load_zone(args.time_zone)
+        # A mistyped --sessions would otherwise hide the session in a new directory.
+        new_directory = not store.root.is_dir()
         store.create(
             SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
         )
+        if new_directory:
+            print(f"dsh-schedule: created the sessions directory "
+                  f"'{terminal_text(str(store.root))}'", file=sys.stderr)
         print(terminal_text(args.id))
     else:
         header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())
@@ -138,7 +145,8 @@ def cmd_call(args: argparse.Namespace) -> int:
     coordination = Coordination(client, settings)
     tools = ScheduleTools(store, coordination, settings=settings, clock=wall_clock_ms)
     result = tools.call(args.session, args.tool, arguments)
-    print(terminal_json(result.content))  # a prompt may hold what JSON leaves raw
+    # A prompt may hold what JSON leaves raw: escaped for a terminal only.
+    print(shown_json(result.content, sys.stdout))
     return EXIT_TOOL_ERROR if result.is_error else 0
 
 
@@ -216,18 +224,21 @@ def cmd_host(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.coordination.agents import Coordination
 
     coordination = Coordination(redis.Redis.from_url(url), settings)
-    host = ReferenceHost(
-        store,
-        coordination,
-        settings,
-        on_delivery=lambda session, d: print(f"{terminal_text(session)}: delivered {d.text!r}",
-                                             flush=True),
-    )
+    stop = threading.Event()
+    output_closed: list[BrokenPipeError] = []
+
+    def delivered(session: str, delivery: Delivery) -> None:
+        try:
+            print(f"{terminal_text(session)}: delivered {delivery.text!r}", flush=True)
+        except BrokenPipeError as exc:  # the reader went away: stop as SIGPIPE would
+            output_closed.append(exc)
+            stop.set()
+
+    host = ReferenceHost(store, coordination, settings, on_delivery=delivered)
     host.open_roots(sessions)
     from dsh_schedule.shared.collector import tune_for_service
 
     tune_for_service()
-    stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
         stop.set()
@@ -240,6 +251,8 @@ def cmd_host(args: argparse.Namespace) -> int:
         host.run(stop)
     finally:
         host.close()
+    if output_closed:
+        raise output_closed[0]  # ``main`` ends the command quietly
     return 0
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 EXIT_UNHEALTHY: Final = 1
 EXIT_BAD_INPUT: Final = 2
 EXIT_TOOL_ERROR: Final = 3
+EXIT_CLOSED_OUTPUT: Final = 141  # as a shell reports a command SIGPIPE ended: 128 + 13
 ONE_SHOT_REDIS_WAIT_S: Final = 5.0
 REDIS_PROBE_TIMEOUT_S: Final = 1.0
 OPS_SOCKET_TIMEOUT_S: Final = 5.0

@@ -23,6 +23,7 @@ from dsh_schedule.cli.commands import (
 )
 from dsh_schedule.cli.common import (
     EXIT_BAD_INPUT,
+    EXIT_CLOSED_OUTPUT,
     ONE_SHOT_REDIS_WAIT_S,
     CommandError,
     count_arg,
@@ -335,6 +336,23 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` names; its exit status. Output cut short by a reader that
+    went away (``dsh-schedule status | head -1``) ends the command quietly with
+    ``EXIT_CLOSED_OUTPUT``, whatever the command, ``--help`` included."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback
+    except BrokenPipeError:
+        # Whatever is still buffered goes nowhere; the interpreter's last flush succeeds.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_OUTPUT
+
+
+def _run(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     try:

@@ -10,7 +10,7 @@ import sys
 
 from dsh_schedule.cli.common import EXIT_UNHEALTHY, instant_arg, settings_of
 from dsh_schedule.shared.clock import wall_clock_ms
-from dsh_schedule.terminal import terminal_json, terminal_text
+from dsh_schedule.terminal import shown_json, terminal_text
 
 COLUMNS = ("session", "id", "kind", "next target", "state", "prompt")
 
@@ -48,8 +48,9 @@ def cmd_reminders(args: argparse.Namespace) -> int:
             status = EXIT_UNHEALTHY
             continue
         if args.json:
-            out.write(terminal_json(json.dumps(row.value(), ensure_ascii=False,
-                                               separators=(",", ":"))) + "\n")
+            # A prompt as the tool renders it: escaped for a terminal only.
+            out.write(shown_json(json.dumps(row.value(), ensure_ascii=False,
+                                            separators=(",", ":")), out) + "\n")
             continue
         view = row.view
         out.write("\t".join(terminal_text(str(field)) for field in (

@@ -75,6 +75,9 @@ class HostBridge:
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
         self._cursor: str | None = None  # the last id read from the ready stream
         self._deferred: list[str] | None = None  # wakes ``installing_many`` holds back
+        # Whether this bridge has written its host's lease yet: before that, a renewal
+        # that finds no valid lease is the first one, not a lease that expired.
+        self._held = False
         # A blocking read must end well within the client's socket timeout, if it has one.
         socket_timeout = coordination.client.connection_pool.connection_kwargs.get(
             "socket_timeout"
@@ -118,6 +121,7 @@ class HostBridge:
         new = bool(self._coord.leases.install(
             self.host, [agent], settings.queue, now_ms=self._clock(),
             ttl_s=settings.lease_ttl_s))
+        self._held = True
         if new:
             self._wake([agent])
         return new
@@ -151,10 +155,13 @@ class HostBridge:
         renewal = self._coord.leases.renew_host(
             self.host, now_ms=self._clock(), ttl_s=self._settings.lease_ttl_s)
         served = self.served
+        first, self._held = not self._held, True
         if renewal.was_valid and renewal.served >= len(served):
             return []
         if renewal.was_valid:
             served = self._missing(served)
+        elif first:
+            log.debug("host %s takes its lease for %d agent(s)", self.host, len(served))
         else:
             log.warning("the lease of host %s had expired; installing its %d agent(s) "
                         "again", self.host, len(served))
@@ -176,6 +183,7 @@ class HostBridge:
         new = self._coord.leases.install(
             self.host, agents, settings.queue, now_ms=self._clock(),
             ttl_s=settings.lease_ttl_s)
+        self._held = True
         if new:
             self._wake(new)
             self._resync(new)

@@ -429,7 +429,8 @@ def _calendar_section() -> list[str]:
         "(and `AsyncSchedulePlugin`, which both adapters take), or `DSH_SCHEDULE_CALENDAR=on` "
         "for `call`, `host`, `demo` and `web`; `DSH_SCHEDULE_CALENDAR=on dsh-schedule catalog` "
         "prints this variant. Disabled (the default), the tools are exactly the ones above and "
-        "`cron` is an unknown key (`invalid_selector`). Records of calendar rules are read "
+        "`cron` is an unknown key (`invalid_selector`, whose message says how to enable "
+        "calendar rules). Records of calendar rules are read "
         "whatever the setting. The semantics, with daylight-saving examples, are in "
         "docs/decisions.md#calendar-rules.",
         "",
@@ -437,7 +438,8 @@ def _calendar_section() -> list[str]:
         '`{"expression", "time_zone"?}`, breaks the grammar, or matches no time in the next '
         "ten years; `frequency_too_high` when two of its times of day can be less than 5 "
         "minutes apart; `invalid_time_zone` and `timezone_confirmation_required` as a local "
-        "`at` does (grammar and frequency are checked first); `time_out_of_range` when its "
+        "`at` does (grammar and frequency are checked first; the message names the rule's "
+        "`time_zone`); `time_out_of_range` when its "
         "first occurrence lies after 9999.",
         "",
         f"### `{create.name}` description",

@@ -30,7 +30,12 @@ Calendar rules (docs/decisions.md#calendar-rules) are offered only when the call
 them (``calendar=True``): then ``cron`` is a fourth selector key, its shape, grammar and
 frequency are checked in step 3 (``invalid_rule``, ``frequency_too_high``) and its zone
 and first occurrence by ``build_create``. Disabled, ``cron`` is an unknown key like any
-other (``invalid_selector``).
+other (``invalid_selector``), whose message says that calendar rules exist and how a
+deployment turns them on.
+
+Each message names the selector the call used: a ``cron`` rule without a zone that the
+turn does not confirm answers ``timezone_confirmation_required`` about the rule's
+``time_zone``, not about ``at``'s.
 """
 
 from __future__ import annotations
@@ -85,6 +90,16 @@ _MSG_EVERY: Final[str] = (
 _MSG_SELECTOR_CALENDAR: Final[str] = (
     "Provide exactly one of after_seconds, at, every_seconds, or cron, and no other keys."
 )
+_MSG_CRON_OFF: Final[str] = (
+    "cron is a calendar rule, and calendar rules are not enabled here (the deployment "
+    "enables them with DSH_SCHEDULE_CALENDAR=on, or calendar=True on the plugin). Provide "
+    "exactly one of after_seconds, at, or every_seconds, and no other keys."
+)
+_MSG_CRON_CONFIRM: Final[str] = (
+    "This cron rule has no time_zone, and the user's time zone is not confirmed for this "
+    "request. Ask the user which time zone they mean, then pass the rule as "
+    '{"expression": "...", "time_zone": "..."} with "UTC" or an IANA Area/Location name.'
+)
 _MSG_SURROGATE: Final[str] = "prompt must be valid Unicode text; it holds an unpaired surrogate."
 _MSG_DELETE: Final[str] = (
     'schedule_delete takes exactly {"id": "schedule-N"}: a non-empty string id without '
@@ -123,6 +138,8 @@ def _selector_kind(args: Any, calendar: bool = False) -> SelectorKind:
         (CALENDAR_CREATE_KEYS, CALENDAR_SELECTOR_KEYS) if calendar else (CREATE_KEYS, SELECTOR_KEYS)
     )
     message = _MSG_SELECTOR_CALENDAR if calendar else None
+    if not calendar and isinstance(args, dict) and CRON_KEY in args:
+        raise ToolError("invalid_selector", _MSG_CRON_OFF)
     if not isinstance(args, dict) or not set(args) <= keys:
         raise ToolError("invalid_selector", message)
     given = [kind for key, kind in selectors.items() if key in args]
@@ -227,6 +244,20 @@ def _target_after(now_ms: int, seconds: int) -> str:
     return format_instant(target)
 
 
+def _cron_zone(zone: Callable[[], str]) -> Callable[[], str]:
+    """``zone``, its confirmation error worded for a ``cron`` rule (same code and extras)."""
+
+    def implicit() -> str:
+        try:
+            return zone()
+        except ToolError as exc:
+            if exc.code != "timezone_confirmation_required":
+                raise
+            raise ToolError(exc.code, _MSG_CRON_CONFIRM, **exc.extra) from None
+
+    return implicit
+
+
 def build_create(
     request: CreateRequest, state: FoldState, now_ms: int, zone: Callable[[], str]
 ) -> CreateChange:
@@ -259,7 +290,7 @@ def build_create(
         )
     elif request.kind == "cron":
         # The first target is the rule's first occurrence strictly after the create.
-        resolved = resolve_cron(request.cron, now_ms=now_ms, implicit_zone=zone)
+        resolved = resolve_cron(request.cron, now_ms=now_ms, implicit_zone=_cron_zone(zone))
         schedule = CronSchedule(
             id=schedule_id,
             prompt=request.prompt,

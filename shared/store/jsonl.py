@@ -108,7 +108,10 @@ def read_session_file(path: Path) -> Session:
             fcntl.flock(file.fileno(), fcntl.LOCK_SH)
             data = file.read()
     except OSError as exc:
-        raise PersistenceError(f"cannot read session file {path.name!r}") from exc
+        # Why, in the system's words: missing, a directory, no permission, ...
+        raise PersistenceError(
+            f"cannot read session file {path.name!r}: {exc.strerror or type(exc).__name__}"
+        ) from exc
     # Bytes after the last newline are a torn line (a crash mid-write): not committed.
     end = data.rfind(b"\n") + 1
     if end == 0:

@@ -1,5 +1,6 @@
-"""``schedule_create`` with ``cron`` (docs/decisions.md#calendar-rules): answered exactly as
-before while calendar rules are disabled; when enabled, the selector's shape, grammar and
+"""``schedule_create`` with ``cron`` (docs/decisions.md#calendar-rules): answered with the
+code it always had while calendar rules are disabled, and a message saying how to enable
+them; when enabled, the selector's shape, grammar and
 frequency before any zone question, the zone as for a local ``at``, and the version-2
 record it builds."""
 
@@ -61,13 +62,28 @@ CRON_ARGS = [
 ]
 
 
+CRON_OFF = {
+    "code": "invalid_selector",
+    "message": "cron is a calendar rule, and calendar rules are not enabled here (the "
+    "deployment enables them with DSH_SCHEDULE_CALENDAR=on, or calendar=True on the plugin). "
+    "Provide exactly one of after_seconds, at, or every_seconds, and no other keys.",
+}
+
+
 @pytest.mark.parametrize("args", CRON_ARGS)
-def test_disabled_cron_answers_invalid_selector_exactly_as_before(args: dict[str, Any]) -> None:
-    # exactly the value an unknown key answers, with the message it always had
+def test_disabled_cron_answers_invalid_selector_saying_how_to_enable_it(
+    args: dict[str, Any],
+) -> None:
+    # the code an unknown key answers, with a message naming the selector the call used
+    assert error_of(args, calendar=False) == CRON_OFF
+    assert error_of(args, confirmed(), calendar=False) == CRON_OFF
+
+
+def test_other_unknown_keys_answer_as_they_always_did() -> None:
     expected = {"code": "invalid_selector", "message":
                 "Provide exactly one of after_seconds, at, or every_seconds, and no other keys."}
-    assert error_of(args, calendar=False) == expected
-    assert error_of(args, confirmed(), calendar=False) == expected
+    assert error_of({"prompt": "x", "rrule": "FREQ=DAILY"}, calendar=False) == expected
+    assert error_of({"prompt": "x"}, calendar=False) == expected
     assert ToolError("invalid_selector").value() == expected
 
 
@@ -101,10 +117,16 @@ def test_a_bare_rule_takes_the_confirmed_zone_of_the_turn() -> None:
 @pytest.mark.parametrize("session", [HEADERLESS, confirmed().__class__(
     header=SessionHeader(id="s1", createdAt=0, timeZone="Europe/Berlin"), events=())])
 def test_no_zone_and_no_confirmed_context_asks_as_a_local_at_does(session: Session) -> None:
-    cron = error_of({"prompt": "x", "cron": "0 9 * * *"}, session)
+    cron = error_of({"prompt": "x", "cron": "0 9 * * MON-FRI"}, session)
     at = error_of({"prompt": "x", "at": {"date": "2027-01-01", "time": "09:00:00"}}, session)
     assert cron["code"] == "timezone_confirmation_required"
-    assert cron == at
+    # the same code and known zones; the message speaks of the selector the call used
+    assert {**cron, "message": ""} == {**at, "message": ""}
+    assert "at.time_zone" in at["message"] and "at as a string" in at["message"]
+    assert cron["message"] == (
+        "This cron rule has no time_zone, and the user's time zone is not confirmed for this "
+        'request. Ask the user which time zone they mean, then pass the rule as {"expression": '
+        '"...", "time_zone": "..."} with "UTC" or an IANA Area/Location name.')
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ cannot act on the terminal or fake a line."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import msgspec
@@ -87,9 +88,11 @@ def test_a_hostile_id_is_printed_escaped(sessions: Path,
     assert "\x1b" not in out and "\x9b" not in out and "\r" not in out
 
 
-def test_a_tool_answer_is_printed_as_json_safe_to_print(
-        sessions: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tool_answer_is_printed_to_a_terminal_as_json_safe_to_print(
+        sessions: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     capsys.readouterr()
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     prompt = "stretch \x9b2J\u2028now"
     code = main(["call", "b1", "schedule_create",
                  json.dumps({"prompt": prompt, "after_seconds": 600})])
@@ -97,6 +100,10 @@ def test_a_tool_answer_is_printed_as_json_safe_to_print(
     assert code == 0
     assert out.endswith("\n") and out[:-1].isprintable()
     assert json.loads(out)["prompt"] == prompt  # the same value
+    # to a script, the tool's own rendering: the characters as they are
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert main(["call", "b1", "schedule_list", "{}"]) == 0
+    assert prompt in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("text", "shown"), [

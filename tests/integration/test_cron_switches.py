@@ -74,10 +74,8 @@ def test_the_plugin_argument_overrides_the_setting(
 def test_disabled_cron_answers_as_before_and_writes_nothing(settings: Settings) -> None:
     tools, store = _tools(settings, None)
     result = tools.call("s1", "schedule_create", {"prompt": "x", "cron": RULE})
-    assert result.is_error and result.value == {
-        "code": "invalid_selector",
-        "message": "Provide exactly one of after_seconds, at, or every_seconds, and no other keys.",
-    }
+    assert result.is_error and result.value["code"] == "invalid_selector"
+    assert "DSH_SCHEDULE_CALENDAR=on" in result.value["message"]
     assert store.read("s1").events == ()
 
 
