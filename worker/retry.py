@@ -43,7 +43,7 @@ class WakeRetries:
         with self._lock:
             failures = self._failures.get(agent, 0) + 1
             self._failures[agent] = failures
-        return min(RETRY_FIRST_S * 2 ** min(failures - 1, 32), RETRY_MAX_S)
+        return min(RETRY_FIRST_S * float(2 ** min(failures - 1, 32)), RETRY_MAX_S)
 
     def ended(self, agents: Iterable[str]) -> None:
         """These agents' wakes ended without a failure of their own: start over."""

@@ -335,12 +335,13 @@ class JsonlStore:
         """Keep what a failed fsync left unconfirmed of the session: its complete lines
         from ``start`` (the size last confirmed), read while the page cache still holds
         them."""
+        data: bytes | None
         try:
-            data = read_range(fd, start, st.st_size) if st.st_size > start else b""
+            read = read_range(fd, start, st.st_size) if st.st_size > start else b""
         except OSError:
             data = None  # the next flush cannot confirm the session: this process cannot
         else:
-            data = data[: data.rfind(b"\n") + 1]  # a torn line was never committed
+            data = read[: read.rfind(b"\n") + 1]  # a torn line was never committed
         self._owed.put(session_id, _Unconfirmed((st.st_dev, st.st_ino), start, data))
 
     def _flush_again(self, session_id: str) -> None:
