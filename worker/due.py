@@ -24,6 +24,7 @@ from typing import Final
 
 import msgspec
 import redis
+from rq.timeouts import JobTimeoutException
 
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
@@ -140,6 +141,10 @@ class DueOwner:
             log.warning("wake batch of %d: Redis unavailable (%s)", len(targets),
                         type(exc).__name__)
             outcomes = dict.fromkeys(targets, WakeOutcome.REDIS_UNAVAILABLE)
+        except JobTimeoutException:
+            # rq's job timeout: owed a retry like any failure, and rq ends the job.
+            self._owe_retries(dict.fromkeys(targets, WakeOutcome.FAILED))
+            raise
         except Exception:
             log.exception("wake batch of %d failed", len(targets))
             outcomes = dict.fromkeys(targets, WakeOutcome.FAILED)
