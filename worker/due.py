@@ -24,6 +24,7 @@ from typing import Final
 
 import msgspec
 import redis
+from rq.timeouts import JobTimeoutException
 
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
@@ -45,6 +46,7 @@ from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
+from dsh_schedule.worker.retry import RETRIED, WakeRetries
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,8 @@ class DueOwner:
         # The agents whose wake batch failed on Redis, maybe after a durable dispatch: the
         # worker's beat repays them once Redis answers (docs/architecture.md#owed-re-arms).
         self.owed = OwedRearms()
+        # The agents whose own wake failed, owed a retry with backoff (worker/retry.py).
+        self.retries = WakeRetries()
 
     def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
         """Handle one wake (a batch of one): stale and duplicate wakes find nothing due
@@ -137,6 +141,14 @@ class DueOwner:
             log.warning("wake batch of %d: Redis unavailable (%s)", len(targets),
                         type(exc).__name__)
             outcomes = dict.fromkeys(targets, WakeOutcome.REDIS_UNAVAILABLE)
+        except JobTimeoutException:
+            # rq's job timeout: owed a retry like any failure, and rq ends the job.
+            self._owe_retries(dict.fromkeys(targets, WakeOutcome.FAILED))
+            raise
+        except Exception:
+            log.exception("wake batch of %d failed", len(targets))
+            outcomes = dict.fromkeys(targets, WakeOutcome.FAILED)
+        self._owe_retries(outcomes)
         elapsed = time.perf_counter() - started
         for outcome in outcomes.values():
             recorder.due_transaction(elapsed)  # each agent's transaction took the batch's
@@ -144,9 +156,26 @@ class DueOwner:
         return {agent: outcomes[agent] for agent in targets}
 
     def repay_owed(self) -> list[str]:
-        """Enqueue a wake for every agent a failed batch left owed one (nothing is sent
-        when none is); a Redis failure keeps them owed for the next call."""
-        return self.owed.repay_quietly(self._coord)
+        """Enqueue a wake for every agent a failed batch left owed one, whose retry is
+        due (nothing is sent when none is); a Redis failure keeps them owed for the next
+        call."""
+        return self.owed.repay_quietly(self._coord, now_ms=self._clock())
+
+    def _owe_retries(self, outcomes: dict[str, WakeOutcome]) -> None:
+        """Owe every agent whose wake failed on its own a retry, with backoff
+        (``worker/retry.py``): its records stay active with no wake armed for them."""
+        failed = [agent for agent, outcome in outcomes.items() if outcome in RETRIED]
+        self.retries.ended(agent for agent, outcome in outcomes.items()
+                           if outcome not in RETRIED
+                           and outcome is not WakeOutcome.REDIS_UNAVAILABLE)
+        if not failed:
+            return
+        now = self._clock()
+        delays = [self.retries.failed(agent) for agent in failed]
+        for agent, delay in zip(failed, delays, strict=True):
+            self.owed.owe([agent], from_ms=now + int(delay * 1000))
+        log.info("%d agent(s) owed a wake again after a failure, in %g s at most",
+                 len(failed), max(delays))
 
     def _wake_live(self, targets: dict[str, int | None]) -> dict[str, WakeOutcome]:
         """The live agents' transactions, their free locks taken together, then each busy
@@ -449,7 +478,7 @@ class DueOwner:
         except FenceConflict as conflict:
             log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, conflict)
             return True
-        except (PersistenceError, ScheduleLogError) as exc:
+        except Exception as exc:  # the disk, a bound: this agent's own failure
             # The followup may already be read; with no dispatch the host drops it.
             log.error("dispatch append for %s abandoned: %s", agent, exc)
             wake.stop(WakeOutcome.DISPATCH_ABANDONED)

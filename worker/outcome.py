@@ -7,8 +7,8 @@ from enum import Enum
 
 class WakeOutcome(Enum):
     """How a wake ended. Only ``SETTLED`` re-arms; every other outcome leaves the records
-    active for a later wake (the phase release, a management call, a new lease or the
-    reconcile pass)."""
+    active for a later wake (the phase release, a management call, a new lease, the
+    reconcile pass, or the worker's own retry of a wake that failed: ``worker/retry.py``)."""
 
     SETTLED = "settled"
     NOT_LIVE = "not-live"

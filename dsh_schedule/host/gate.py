@@ -18,7 +18,9 @@ message's lateness (its append minus its earliest occurrence) is observed at the
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 import redis
@@ -39,6 +41,12 @@ from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
 
+# A delivery that failed on anything but an outage (a line past the log's bound, a corrupt
+# log, a bug) waits ``followup_stale_s`` before its next try, doubling with each failure in
+# a row up to this; only the first failure in a row is logged. Its stream is not read
+# meanwhile (a followup can be tens of MiB).
+DELIVERY_RETRY_MAX_S: Final = 300.0
+
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
     """A followup delivered into the session as the user/message of a new turn."""
@@ -56,7 +64,8 @@ class DeliveryRound(msgspec.Struct, frozen=True, kw_only=True):
     agents that decided entries (delivered or dropped) and may have more; ``empty``:
     nothing for this consumer to read now (another consumer may hold an entry: look at
     them alone); ``busy``: their lock was held, or Redis failed before their turn came;
-    ``failed``: their delivery failed (logged; their entries stay unacknowledged);
+    ``failed``: their delivery failed (logged once; their entries stay unacknowledged),
+    now or before, and they wait out a backoff (``DELIVERY_RETRY_MAX_S``);
     ``unwritable``: the disk under their session could not take the write or flush
     (full, read-only: ``disk_outage_errno``), by agent: nothing delivered, not logged
     (the host says it once), their entries stay."""
@@ -67,6 +76,47 @@ class DeliveryRound(msgspec.Struct, frozen=True, kw_only=True):
     busy: tuple[str, ...]
     failed: tuple[str, ...]
     unwritable: dict[str, PersistenceError] = msgspec.field(default_factory=dict)
+
+
+class _FailedDeliveries:
+    """The agents whose last delivery failed, and until when each waits; thread-safe."""
+
+    def __init__(self, clock: Clock, first_s: float) -> None:
+        self._clock = clock
+        self._first_ms = max(int(first_s * 1000), 1)
+        self._lock = threading.Lock()
+        self._failed: dict[str, tuple[int, int]] = {}  # agent: (failures in a row, until)
+
+    def waiting(self, agent: str) -> bool:
+        """Whether the agent is still waiting out its backoff."""
+        with self._lock:
+            failed = self._failed.get(agent)
+        return failed is not None and self._clock() < failed[1]
+
+    def failed(self, agent: str) -> int:
+        """Count one more failure in a row and start its backoff; returns the count."""
+        with self._lock:
+            failures = self._failed.get(agent, (0, 0))[0] + 1
+            delay_ms = min(self._first_ms * 2 ** min(failures - 1, 32),
+                           int(DELIVERY_RETRY_MAX_S * 1000))
+            self._failed[agent] = (failures, self._clock() + delay_ms)
+        return failures
+
+    def ended(self, agent: str) -> None:
+        """The agent's delivery went through (or its entry was dropped)."""
+        with self._lock:
+            failed = self._failed.pop(agent, None)
+        if failed is not None:
+            log.info("delivery for %s went through after %d failed tries", agent, failed[0])
+
+
+def _log_failure(agent: str, failures: int) -> None:
+    """One line for a run of failed deliveries: the first, with its traceback."""
+    if failures == 1:
+        with log_context(agent=agent):
+            log.exception("delivering followups for %s failed; retried with backoff", agent)
+    else:
+        log.debug("delivering followups for %s failed again (%d in a row)", agent, failures)
 
 
 class _Decided:
@@ -101,14 +151,17 @@ class DeliveryGate:
         self._settings = settings
         self._clock = clock
         self._consumer = consumer
-
+        self._failures = _FailedDeliveries(clock, settings.followup_stale_s)
 
     def has_followup(self, agent: str) -> bool:
         """Whether this host can take one of the agent's followups now: one it read and
         has not acknowledged, one no consumer has read (read now), or one another
         consumer left unacknowledged for ``followup_stale_s`` (taken over now). Needs no
         turn: a host asks before claiming one, so an entry another host still holds
-        costs it no turn."""
+        costs it no turn. An agent whose delivery failed has none until its backoff
+        ends."""
+        if self._failures.waiting(agent):
+            return False
         followups = self._coord.followups
         if followups.read(agent, self._consumer, count=1):
             return True
@@ -120,8 +173,12 @@ class DeliveryGate:
 
         Appends ``turn/start`` and the reminder ``user/message`` of a new turn; the host
         runs that turn and appends the rest of it. None once nothing this host can take
-        is left (entries it dropped do not hide later ones).
+        is left (entries it dropped do not hide later ones), or while a failed delivery
+        waits out its backoff; a failure (other than an outage) starts that backoff and is
+        raised.
         """
+        if self._failures.waiting(agent):
+            return None
         followups = self._coord.followups
         while True:
             entries = followups.read(agent, self._consumer)
@@ -132,7 +189,14 @@ class DeliveryGate:
             if not entries:
                 return None
             for entry in entries:
-                delivery = self._gate(agent, entry)
+                try:
+                    delivery = self._gate(agent, entry)
+                except Exception as exc:
+                    if not is_outage(exc) and not (
+                            isinstance(exc, PersistenceError) and disk_outage_errno(exc)):
+                        self._failures.failed(agent)  # the caller logs it
+                    raise
+                self._failures.ended(agent)
                 try:
                     followups.done(agent, entry.entry_id)
                 except redis.RedisError as exc:
@@ -153,10 +217,13 @@ class DeliveryGate:
         agent whose lock was busy (a due transaction is finishing) is then served alone,
         waiting for its lock as ``deliver_next`` does. Call again with ``again`` until it
         is empty."""
+        waiting = [agent for agent in agents if self._failures.waiting(agent)]
+        agents = [agent for agent in agents if agent not in waiting]
         reads = self._coord.followups.read_streams(agents, self._consumer)
         read = {agent: found.entries for agent, found in reads.items()}
         with_entries = [agent for agent, entries in read.items() if entries]
         decided = _Decided()
+        decided.failed.extend(waiting)  # a failed delivery waiting out its backoff
         try:
             decided.busy = self._coord.locks.each_held(
                 with_entries, lambda held: self._decide_held(held, reads, decided),
@@ -210,6 +277,7 @@ class DeliveryGate:
         try:
             for entry in read.entries:
                 delivery = self._gate_held(agent, entry, own_flushes=False)
+                self._failures.ended(agent)
                 decided.entries.append((agent, entry.entry_id))
                 left -= 1
                 if delivery is not None:
@@ -221,8 +289,7 @@ class DeliveryGate:
             if isinstance(exc, PersistenceError) and disk_outage_errno(exc):
                 decided.unwritable[agent] = exc  # the host says it once, for every agent
                 return
-            with log_context(agent=agent):
-                log.exception("delivering followups for %s failed", agent)
+            _log_failure(agent, self._failures.failed(agent))
             decided.failed.append(agent)
             return
         if left or not read.drained:

@@ -28,36 +28,44 @@ class Waker(Protocol):
 
 
 class OwedRearms:
-    """The agents one process owes a re-arm; thread-safe."""
+    """The agents one process owes a re-arm, each from a moment on (at once, unless it
+    was owed for later: a worker's retry with backoff); thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._owed: dict[str, None] = {}
+        self._owed: dict[str, int] = {}  # agent: owed from this epoch ms on (0: at once)
 
-    def owe(self, agents: Iterable[str]) -> None:
+    def owe(self, agents: Iterable[str], *, from_ms: int = 0) -> None:
+        """Owe each agent a wake from ``from_ms`` on; one owed sooner keeps its moment."""
         with self._lock:
-            self._owed.update(dict.fromkeys(agents))
+            for agent in agents:
+                self._owed[agent] = min(self._owed.get(agent, from_ms), from_ms)
 
     def owed(self) -> list[str]:
         with self._lock:
             return list(self._owed)
 
-    def repay(self, waker: Waker) -> list[str]:
-        """Enqueue a wake for every agent owed one (nothing is sent when none is); those
-        agents are owed nothing more. A Redis failure keeps them owed, and is raised."""
-        agents = self.owed()
+    def repay(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
+        """Enqueue a wake for every agent owed one (by ``now_ms``, when given; nothing is
+        sent when none is); those agents are owed nothing more. A Redis failure keeps
+        them owed, and is raised."""
+        with self._lock:
+            agents = [agent for agent, at in self._owed.items()
+                      if now_ms is None or at <= now_ms]
         if not agents:
             return []
         waker.trigger_many(agents)
         with self._lock:
             for agent in agents:
-                self._owed.pop(agent, None)
+                at = self._owed.get(agent)
+                if at is not None and (now_ms is None or at <= now_ms):
+                    del self._owed[agent]  # not owed again for later meanwhile
         log.info("woke %d agent(s) whose re-arm had failed", len(agents))
         return agents
 
-    def repay_quietly(self, waker: Waker) -> list[str]:
+    def repay_quietly(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
         """``repay``, a Redis failure left for the next try."""
         try:
-            return self.repay(waker)
+            return self.repay(waker, now_ms=now_ms)
         except redis.RedisError:
             return []

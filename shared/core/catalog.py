@@ -86,7 +86,9 @@ ERROR_WHEN: Final[dict[str, str]] = {
     "invalid_prompt": (
         "prompt is missing, not a string, empty after trimming, not storable, or longer "
         f"than the deployment's limit ({DEFAULT_MAX_PROMPT_BYTES} bytes of UTF-8 after "
-        "trimming by default); the message names the limit"
+        "trimming by default); the message names the limit. A recurring create is refused "
+        "too when the session's recurring prompts together could make one delivered batch "
+        "longer than a session log line may be; the message says so"
     ),
     "invalid_selector": "not exactly one of after_seconds, at, every_seconds, or an unknown key",
     "invalid_rule": (

@@ -24,7 +24,9 @@ A selector key given with ``null`` still counts as given.
 
 The prompt limit holds for new creates only: replay never measures a prompt, so a log
 that holds a longer one (written before the limit, or under a higher one) folds and
-delivers as before.
+delivers as before. So does the bound on a session's recurring prompts together
+(``batchbound``): ``build_create`` refuses, last, a recurring record whose batch could
+make a delivery line past the log's bound (``invalid_prompt``).
 
 Calendar rules (docs/decisions.md#calendar-rules) are offered only when the caller enables
 them (``calendar=True``): then ``cron`` is a fourth selector key, its shape, grammar and
@@ -46,6 +48,11 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from dsh_schedule.shared.core.batchbound import (
+    MAX_LINE_BYTES,
+    batch_limit_message,
+    fits_one_batch,
+)
 from dsh_schedule.shared.core.cron import read_cron_selector
 from dsh_schedule.shared.core.cron_occurrences import resolve_cron
 from dsh_schedule.shared.core.errors import ToolError
@@ -53,6 +60,7 @@ from dsh_schedule.shared.core.fold import FoldState, allocate_id
 from dsh_schedule.shared.core.instant import MAX_MS, MAX_SAFE_INTEGER, MIN_MS, format_instant
 from dsh_schedule.shared.core.records import (
     MIN_EVERY_SECONDS,
+    RECURRING_TYPES,
     AfterSchedule,
     AtSchedule,
     CreateChange,
@@ -259,15 +267,28 @@ def _cron_zone(zone: Callable[[], str]) -> Callable[[], str]:
 
 
 def build_create(
-    request: CreateRequest, state: FoldState, now_ms: int, zone: Callable[[], str]
+    request: CreateRequest, state: FoldState, now_ms: int, zone: Callable[[], str],
+    *, line_bytes: int = MAX_LINE_BYTES,
 ) -> CreateChange:
     """The create record for ``request`` at the single sample ``now_ms``.
 
     The id is the next never-used ``schedule-N`` of ``state``. ``zone`` is called only
     for an ``at`` object or a ``cron`` rule without ``time_zone``. Raises the ``at`` errors of
     ``resolve_at`` and ``time_out_of_range``; the seconds of a request not made by
-    ``parse_create_args`` are checked again and rejected as that function would.
+    ``parse_create_args`` are checked again and rejected as that function would. A
+    recurring record that would let the session's recurring batch pass ``line_bytes``
+    once delivered is refused with ``invalid_prompt`` (``batchbound``).
     """
+    schedule = _new_schedule(request, state, now_ms, zone)
+    if isinstance(schedule, RECURRING_TYPES) and not fits_one_batch(
+            state.active, schedule, line_bytes):
+        raise ToolError("invalid_prompt", batch_limit_message(line_bytes))
+    return create_change(schedule)
+
+
+def _new_schedule(
+    request: CreateRequest, state: FoldState, now_ms: int, zone: Callable[[], str]
+) -> Schedule:
     schedule_id = allocate_id(state)
     schedule: Schedule
     if request.kind == "after":
@@ -303,4 +324,4 @@ def build_create(
         schedule = AtSchedule(
             id=schedule_id, prompt=request.prompt, scheduledAt=format_instant(target)
         )
-    return create_change(schedule)
+    return schedule

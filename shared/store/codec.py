@@ -29,6 +29,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from dsh_schedule.shared.core import batchbound
 from dsh_schedule.shared.core.errors import EventOutOfBounds, ScheduleLogError
 from dsh_schedule.shared.core.events import Event, NewEvent, SessionHeader
 
@@ -38,7 +39,7 @@ _T = TypeVar("_T")
 # arrays and objects nest, the line's own object counted (an event's data may nest one
 # level less), and its UTF-8 bytes, the newline not counted.
 MAX_LINE_DEPTH: Final[int] = 128
-MAX_LINE_BYTES: Final[int] = 64 * 1024 * 1024
+MAX_LINE_BYTES: Final[int] = batchbound.MAX_LINE_BYTES  # what a create's bound assumes
 # What stands in for a value nested too deep in data a host records as a model gave it.
 NESTING_OMITTED: Final[str] = f"[omitted: nested deeper than {MAX_LINE_DEPTH} levels]"
 

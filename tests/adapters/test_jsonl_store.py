@@ -613,3 +613,95 @@ def test_a_flush_after_a_failed_fsync_syncs_again(
         store.flush("s1")
     store.flush("s1")
     assert len(calls) == 2
+
+
+def _fsync_failing_once(store: JsonlStore) -> tuple[list[int], Any]:
+    """An fsync that fails once; later ones succeed."""
+    calls: list[int] = []
+    real = store._fsync
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "I/O error")
+        real(fd)
+
+    return calls, fsync
+
+
+def _drop_unwritten_pages(store: JsonlStore, confirmed: int) -> None:
+    """What Linux may do after a failed fsync: the pages it could not write are dropped
+    (here: the file falls back to the length last confirmed)."""
+    os.truncate(store.path("s1"), confirmed)
+
+
+def test_a_flush_after_a_failed_fsync_writes_the_unconfirmed_bytes_again(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later fsync's success does not confirm bytes an earlier failed one dropped."""
+    # given a flushed session, then an append whose fsync fails and loses its bytes
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    store.flush("s1")
+    confirmed = store.path("s1").stat().st_size
+    store.append("s1", [message("b"), message("c")], 1)
+    written = store.path("s1").read_bytes()
+    calls, fsync = _fsync_failing_once(store)
+    monkeypatch.setattr(store, "_fsync", fsync)
+    with pytest.raises(PersistenceError):
+        store.flush("s1")
+    _drop_unwritten_pages(store, confirmed)
+    # when a later flush succeeds
+    store.flush("s1")
+    # then what it confirmed is on disk: the bytes were written again before the fsync
+    assert len(calls) == 2
+    assert store.path("s1").read_bytes() == written
+    assert [e.data for e in JsonlStore(store.root).read("s1").events] == [
+        {"content": t} for t in "abc"]
+
+
+def test_a_flush_after_a_failed_fsync_keeps_another_writers_later_lines(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an fsync that failed (its bytes kept), then another writer's append
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    store.flush("s1")
+    outcomes = iter([OSError(errno.EIO, "I/O error"), None])
+    real = store._fsync
+
+    def flaky(fd: int) -> None:
+        failure = next(outcomes)
+        if failure is not None:
+            raise failure
+        real(fd)
+
+    monkeypatch.setattr(store, "_fsync", flaky)
+    store.append("s1", [message("b")], 1)
+    with pytest.raises(PersistenceError):
+        store.flush("s1")
+    JsonlStore(store.root).append("s1", [message("c")], 2)
+    # when flushed again, then it succeeds and every line stays as written
+    store.flush("s1")
+    assert [e.data for e in JsonlStore(store.root).read("s1").events] == [
+        {"content": t} for t in "abc"]
+
+
+def test_a_flush_refuses_to_confirm_a_file_that_no_longer_holds_its_unconfirmed_bytes(
+    store: JsonlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an fsync that failed and lost its bytes, then another writer appending
+    # something else where they were
+    store.create(header())
+    store.flush("s1")
+    confirmed = store.path("s1").stat().st_size
+    store.append("s1", [message("a")], 0)
+    _calls, fsync = _fsync_failing_once(store)
+    monkeypatch.setattr(store, "_fsync", fsync)
+    with pytest.raises(PersistenceError):
+        store.flush("s1")
+    _drop_unwritten_pages(store, confirmed)
+    JsonlStore(store.root).append("s1", [message("other")], 0)
+    # when flushed again, then nothing is confirmed
+    with pytest.raises(PersistenceError, match="no longer holds"):
+        store.flush("s1")

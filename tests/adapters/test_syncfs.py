@@ -233,3 +233,27 @@ def test_a_dropped_store_releases_its_descriptor(tmp_path: Path) -> None:
         assert open_descriptors() <= before + 1
     finally:
         gc.enable()
+
+
+def test_a_session_whose_fsync_failed_is_not_confirmed_by_a_batch_syncfs(
+        tmp_path: Path) -> None:
+    """Its unconfirmed lines are written again and fsynced on their own first: a syncfs
+    after the failure could answer success without the pages the failure dropped."""
+    # given a session whose fsync failed after an append, the append's bytes then lost
+    store = CountingStore(tmp_path)
+    ids = _sessions(store, 3)
+    assert flush_each(store, ids) == {}
+    path = store.path(ids[1])
+    confirmed = path.stat().st_size
+    _append(store, ids[1])
+    written = path.read_bytes()
+    store.fsync_fails.add(path.stat().st_ino)
+    assert ids[1] in flush_each(store, [ids[1]])
+    store.fsync_fails.clear()
+    os.truncate(path, confirmed)  # the pages the failed fsync dropped
+    store.fsyncs = store.syncfs_calls = 0
+    # when the batch is flushed again
+    assert flush_each(store, ids) == {}
+    # then the session was written again and fsynced on its own
+    assert store.fsyncs == 1
+    assert path.read_bytes() == written
