@@ -5,7 +5,7 @@ used only to create and drop the run's own) or, by default, the local one on
 127.0.0.1:5432 as user ``postgres`` (``.ci/run`` starts it when it is not answering).
 The run's database has a name of its own (``dsh_schedule_test_<pid>_<random>``); no
 other database is ever touched. A test that needs PostgreSQL fails when it cannot be had
-with ``CI=true``, and is skipped with the reason otherwise.
+in CI (``CI=true``, or under ``.ci/run``), and is skipped with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -66,12 +66,18 @@ def test_database_url() -> str | None:
     return _SuiteDatabase.url
 
 
+def in_ci() -> bool:
+    """Whether this run is CI's (``CI`` true, or ``.ci/run``'s own mark)."""
+    return (os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+            or bool(os.environ.get("DSH_SCHEDULE_CI_TOOLS")))
+
+
 def require_postgres() -> str:
     """This run's database URL; fails the test (CI) or skips it when there is none."""
     url = test_database_url()
     if url is None:
         reason = _SuiteDatabase.unavailable or "PostgreSQL unavailable"
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(reason)
         pytest.skip(reason)
     return url
