@@ -54,6 +54,7 @@ from dsh_schedule.shared.store.foldcache import LogDigest, touches_schedule
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
 from dsh_schedule.shared.store.port import SessionExists, missing_session
 from dsh_schedule.shared.store.sessioncache import RECENT_BYTES, RECENT_EVENTS
+from dsh_schedule.shared.store.transfer import check_lines
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -492,6 +493,50 @@ class PostgresStore:
             self._flush_primitive(session_id)
             return
         self._confirm(session_id, key, pending)
+
+    def session_lines(self, session_id: str) -> tuple[bytes, list[bytes]]:
+        """The session's header line and committed event lines, as the tables hold them
+        (``store copy``, ``export``)."""
+        key = _key(session_id)
+        with self._connection(f"read session {session_id!r}") as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            row = conn.execute(f"SELECT header, length FROM {SESSIONS} WHERE id = %s",
+                               (key,)).fetchone()
+            if row is None:
+                raise missing_session(session_id)
+            lines = [bytes(r[0]) for r in conn.execute(
+                f"SELECT line FROM {EVENTS} WHERE session_id = %s AND seq < %s ORDER BY seq",
+                (key, int(row[1]))).fetchall()]
+        if len(lines) != int(row[1]):
+            raise PersistenceError(f"session {session_id!r} misses events")
+        return bytes(row[0]), lines
+
+    def import_lines(self, session_id: str, header: bytes, lines: Sequence[bytes]) -> None:
+        """Create the session holding exactly these lines in one transaction, once they
+        read as its log (``store copy``); ``SessionExists`` when it exists."""
+        check_lines(session_id, header, lines)
+        parsed = decode_header_line(header, session_id)
+        digest = LogDigest(parsed.seedLength or 0)
+        digest.feed([decode_event_line(line, seq) for seq, line in enumerate(lines)])
+        try:
+            due: int | None = next_due_moment_ms(digest.fold())
+        except ScheduleLogError:
+            due = None
+        key = _key(session_id)
+        with self._connection(f"copy session {session_id!r}", create=session_id) as conn:
+            with conn.transaction():
+                cur = conn.execute(
+                    f"INSERT INTO {SESSIONS} (id, token, header, length, next_due_ms, "
+                    "next_due_length) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                    (key, _token(), header, len(lines), due, len(lines)))
+                if cur.rowcount != 1:
+                    raise SessionExists(session_id)
+                for start in range(0, len(lines), CHUNK_EVENTS * 16):
+                    part = lines[start:start + CHUNK_EVENTS * 16]
+                    conn.execute(
+                        f"INSERT INTO {EVENTS} (session_id, seq, line) SELECT %s, t.seq, t.line "
+                        "FROM unnest(%s::bigint[], %s::bytea[]) AS t (seq, line)",
+                        (key, list(range(start, start + len(part))), part))
 
     # -- overridable primitives (tests inject faults here) --------------------------------
 

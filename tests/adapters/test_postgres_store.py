@@ -14,11 +14,11 @@ import psycopg
 import pytest
 
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
-from dsh_schedule.shared.store.codec import MAX_LINE_DEPTH
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.store import postgres
+from dsh_schedule.shared.store.codec import MAX_LINE_DEPTH
 from dsh_schedule.shared.store.jsonl import JsonlStore
-from dsh_schedule.shared.store.postgres import EVENTS, SESSIONS, SCHEMA_VERSION, PostgresStore
+from dsh_schedule.shared.store.postgres import EVENTS, SCHEMA_VERSION, SESSIONS, PostgresStore
 from tests.adapters.test_store_contract import (
     WHEN,
     at_create,
