@@ -25,6 +25,7 @@ read back from the table when asked for (``TableEvents``).
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import secrets
@@ -297,6 +298,11 @@ class PostgresStore:
         self._schema_lock = threading.Lock()
         self._unconfirmed: dict[str, _Unconfirmed] = {}
         self._unconfirmed_lock = threading.Lock()
+        pool_log = logging.getLogger("psycopg.pool")
+        if pool_log.level == logging.NOTSET:
+            # The pool says every failed connection attempt; an outage of the store is
+            # said once when it starts and once when it ends by the processes instead.
+            pool_log.setLevel(logging.ERROR)
         self._pool = ConnectionPool(
             url, min_size=1, max_size=max(1, pool_size), open=False, timeout=timeout_s,
             kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout_s))},
@@ -696,7 +702,25 @@ class PostgresStore:
                 raise SessionExists(create) from exc
             raise PersistenceError(f"cannot {what}") from exc
         except psycopg.Error as exc:
-            raise PersistenceError(f"cannot {what}: {type(exc).__name__}") from exc
+            failure = PersistenceError(f"cannot {what}: {type(exc).__name__}")
+            failure.errno = outage_errno(exc)
+            raise failure from exc
+
+
+def outage_errno(exc: psycopg.Error) -> int | None:
+    """The errno of a disk that cannot take writes now, for a database that cannot
+    (``disk_outage_errno``: the processes ride it out as an outage of the session store,
+    one line when it starts and one when it ends): the server's disk full, a read-only
+    server (a replica after failover), and every operational failure (connection refused
+    or lost, the server shutting down or starting, a statement timeout, no connection
+    from the pool in time). None for an error of the statement itself."""
+    if isinstance(exc, pg_errors.DiskFull):
+        return errno.ENOSPC
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        return errno.EROFS
+    if isinstance(exc, psycopg.OperationalError):
+        return errno.EIO
+    return None
 
 
 def _connection_lost(exc: BaseException) -> bool:
