@@ -18,8 +18,8 @@ from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.postgres import SESSIONS, PostgresStore
-from tests.pg_proxy import PgProxy
 from tests.adapters.test_store_contract import message
+from tests.pg_proxy import PgProxy
 from tests.support import FakeClock, new_session, value
 
 pytestmark = pytest.mark.postgres
