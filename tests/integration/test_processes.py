@@ -24,6 +24,9 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import close_store
+from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.store.postgres import PostgresStore
 from tests.conftest import REAL_REDIS_URL
 from tests.support import dispatch_records, reminder_texts, value
 
@@ -31,15 +34,16 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 class Cluster:
-    """Worker and scheduler subprocesses plus an in-test host, sharing one sessions dir."""
+    """Worker and scheduler subprocesses plus an in-test host, sharing one store: a sessions
+    directory, or a PostgreSQL database (``store_url``)."""
 
-    def __init__(self, root: Path, client: redis.Redis) -> None:
+    def __init__(self, root: Path, client: redis.Redis, store_url: str | None = None) -> None:
         self.root = root
         self.client = client
         self.env = dict(
             os.environ,
             DSH_SCHEDULE_REDIS_URL=REAL_REDIS_URL,
-            DSH_SCHEDULE_SESSIONS=str(root / "sessions"),
+            DSH_SCHEDULE_STORE=store_url or str(root / "sessions"),
             DSH_SCHEDULE_PREFIX="ptest:",
             DSH_SCHEDULE_QUEUE="ptest",
             DSH_SCHEDULE_LOCK_TTL="2",
@@ -51,7 +55,9 @@ class Cluster:
         )
         self.env.pop(CRASH_ENV, None)
         self.settings = Settings.from_env(self.env)
-        self.store = JsonlStore(self.settings.sessions)
+        self.store_url = store_url
+        self.store: SessionStore = (JsonlStore(self.settings.sessions) if store_url is None
+                                    else PostgresStore(store_url))
         self.coordination = Coordination(client, self.settings)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.host: ReferenceHost | None = None
@@ -117,7 +123,15 @@ class Cluster:
                        check=True, capture_output=True)
 
     def check(self) -> subprocess.CompletedProcess[str]:
-        files = sorted(str(p) for p in (self.root / "sessions").glob("*.jsonl"))
+        if self.store_url is not None:  # the logs as JSONL, as `export` prints them
+            exported = self.root / "exported"
+            exported.mkdir(exist_ok=True)
+            for session_id in self.store.sessions():
+                (exported / f"{session_id}.jsonl").write_bytes(subprocess.run(
+                    [sys.executable, "-m", "dsh_schedule", "export", session_id],
+                    env=self.env, check=True, capture_output=True).stdout)
+        folder = self.root / ("sessions" if self.store_url is None else "exported")
+        files = sorted(str(p) for p in folder.glob("*.jsonl"))
         return subprocess.run([sys.executable, "-m", "dsh_schedule", "check", *files],
                               env=self.env, capture_output=True, text=True)
 
@@ -125,11 +139,14 @@ class Cluster:
 CRASH_ENV = "DSH_SCHEDULE_CRASH_AT"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, real_redis: redis.Redis) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, real_redis)
+@pytest.fixture(params=["jsonl", pytest.param("postgres", marks=pytest.mark.postgres)])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path,
+            real_redis: redis.Redis) -> Iterator[Cluster]:
+    url = None if request.param == "jsonl" else request.getfixturevalue("postgres_url")
+    c = Cluster(tmp_path, real_redis, url)
     yield c
     c.close()
+    close_store(c.store)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
