@@ -11,11 +11,16 @@ session and seq). Both stores therefore read back byte-identical events.
 An append is one statement, so one transaction: it moves the session's length from
 ``expected_seq`` on (the fence; a concurrent appender waits for the row lock and then
 finds another length) and inserts the lines (the unique key on session and seq backs the
-fence). The statement's reply is the server's confirmation that it committed; an append
+fence). It commits without waiting for the server's disk (``synchronous_commit = off``):
+``flush`` is the durability barrier, one synchronously committed transaction that makes
+every earlier commit durable (the server's log is one sequence), for a whole batch of
+sessions at once, and checks each session still holds this store's last append (a server
+that crashed before its log reached the disk lost it: ``PersistenceError``). An append
 whose reply was lost (the connection cut after the statement was sent) has an unknown
 outcome: it is kept as unconfirmed, and ``flush`` raises ``PersistenceError`` until it
-finds the lines committed (or commits them at the same fence). Every connection is in
-autocommit, so no transaction is ever left open.
+finds the lines committed (or commits them at the same fence). ``create``, ``fork`` and
+copies commit synchronously. Every connection is in autocommit, so no transaction is
+ever left open.
 
 Per session the store keeps, like the JSONL store and within ``cache_mb``, the header,
 the length, the fold and ledger (``LogDigest``) and a window of the latest events, and
@@ -88,7 +93,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             next_due_length bigint
         )""",
         f"""CREATE TABLE {EVENTS} (
-            session_id text NOT NULL REFERENCES {SESSIONS} (id),
+            session_id text COLLATE "C" NOT NULL REFERENCES {SESSIONS} (id),
             seq bigint NOT NULL CHECK (seq >= 0),
             line bytea NOT NULL,
             PRIMARY KEY (session_id, seq)
@@ -298,6 +303,9 @@ class PostgresStore:
         self._schema_lock = threading.Lock()
         self._unconfirmed: dict[str, _Unconfirmed] = {}
         self._unconfirmed_lock = threading.Lock()
+        # The last append of each session this store made and no flush confirmed yet:
+        # (row token, seq and line of its last event).
+        self._unflushed: dict[str, tuple[int, int, bytes]] = {}
         pool_log = logging.getLogger("psycopg.pool")
         if pool_log.level == logging.NOTSET:
             # The pool says every failed connection attempt; an outage of the store is
@@ -306,7 +314,7 @@ class PostgresStore:
         self._pool = ConnectionPool(
             url, min_size=1, max_size=max(1, pool_size), open=False, timeout=timeout_s,
             kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout_s))},
-            name="dsh-schedule-store",
+            configure=_configure, name="dsh-schedule-store",
         )
         self._pool.open(wait=False)
 
@@ -393,16 +401,19 @@ class PostgresStore:
         key = _key(header.id)
         line = encode_header(header)[:-1]
         with self._connection(f"create session {header.id!r}", create=header.id) as conn:
-            cur = conn.execute(
-                f"INSERT INTO {SESSIONS} (id, token, header) VALUES (%s, %s, %s) "
-                "ON CONFLICT (id) DO NOTHING", (key, _token(), line))
-            if cur.rowcount != 1:
-                raise SessionExists(header.id)
+            with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")  # durable on return
+                cur = conn.execute(
+                    f"INSERT INTO {SESSIONS} (id, token, header) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (id) DO NOTHING", (key, _token(), line))
+                if cur.rowcount != 1:
+                    raise SessionExists(header.id)
 
     def fork(self, parent_id: str, child_id: str, *, created_at_ms: int) -> SessionHeader:
         parent_key, child_key = _key(parent_id), _key(child_id)
         with self._connection(f"fork session {parent_id!r}", create=child_id) as conn:
             with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")  # durable on return
                 # The parent's row held against appends while its lines are copied.
                 row = conn.execute(
                     f"SELECT header, length FROM {SESSIONS} WHERE id = %s FOR SHARE",
@@ -476,6 +487,9 @@ class PostgresStore:
                 }
                 written = self._write_append(session_id, params, entry.token, candidates, lines)
                 if written == len(candidates):
+                    with self._unconfirmed_lock:
+                        self._unflushed[session_id] = (entry.token, candidates[-1].seq,
+                                                       lines[-1])
                     entry.feed(candidates, [len(line) + 1 for line in lines])
                     self._cache.settle(session_id, entry)
                     return candidates
@@ -490,15 +504,9 @@ class PostgresStore:
         raise FenceConflict(expected_seq, entry.length)
 
     def flush(self, session_id: str) -> None:
-        key = _key(session_id)
-        with self._unconfirmed_lock:
-            pending = self._unconfirmed.get(session_id)
-        if pending is None:
-            if self._cache.get(session_id) is None and not self.exists(session_id):
-                raise missing_session(session_id)
-            self._flush_primitive(session_id)
-            return
-        self._confirm(session_id, key, pending)
+        failure = self.flush_many([session_id]).get(session_id)
+        if failure is not None:
+            raise failure
 
     def session_lines(self, session_id: str) -> tuple[bytes, list[bytes]]:
         """The session's header line and committed event lines, as the tables hold them
@@ -531,6 +539,7 @@ class PostgresStore:
         key = _key(session_id)
         with self._connection(f"copy session {session_id!r}", create=session_id) as conn:
             with conn.transaction():
+                conn.execute("SET LOCAL synchronous_commit = on")  # durable on return
                 cur = conn.execute(
                     f"INSERT INTO {SESSIONS} (id, token, header, length, next_due_ms, "
                     "next_due_length) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
@@ -544,6 +553,79 @@ class PostgresStore:
                         "FROM unnest(%s::bigint[], %s::bytea[]) AS t (seq, line)",
                         (key, list(range(start, start + len(part))), part))
 
+    def flush_many(self, session_ids: Sequence[str]) -> dict[str, PersistenceError]:
+        """``flush`` for many sessions, the failures by session: the appends of unknown
+        outcome resolved one by one, then one synchronously committed transaction for
+        all the rest, which makes every earlier commit durable (the server's log is one
+        sequence) and checks that each session still holds this store's last append to it
+        (a server that crashed before its log reached the disk lost it) and that the
+        sessions not cached exist. No query when nothing was appended or looked up."""
+        failed: dict[str, PersistenceError] = {}
+        ids = list(dict.fromkeys(session_ids))
+        for session_id in ids:
+            _key(session_id)
+            with self._unconfirmed_lock:
+                pending = self._unconfirmed.get(session_id)
+            if pending is not None:
+                try:
+                    self._confirm(session_id, _key(session_id), pending)
+                except PersistenceError as exc:
+                    failed[session_id] = exc
+        rest = [session_id for session_id in ids if session_id not in failed]
+        for session_id in rest:
+            try:
+                self._flush_primitive(session_id)
+            except PersistenceError as exc:
+                failed[session_id] = exc
+        rest = [session_id for session_id in rest if session_id not in failed]
+        with self._unconfirmed_lock:
+            appended = {sid: self._unflushed[sid] for sid in rest if sid in self._unflushed}
+        unknown = [sid for sid in rest if sid not in appended and self._cache.get(sid) is None]
+        if not appended and not unknown:
+            return failed
+        try:
+            found, lines = self._sync(unknown, appended)
+        except PersistenceError as exc:
+            failed.update((sid, exc) for sid in [*appended, *unknown])
+            return failed
+        for session_id in unknown:
+            if session_id not in found:
+                failed[session_id] = missing_session(session_id)
+        for session_id, record in appended.items():
+            with self._unconfirmed_lock:
+                if self._unflushed.get(session_id) is record:
+                    del self._unflushed[session_id]
+            if lines.get(session_id) != (record[0], record[2]):
+                self._cache.drop(session_id)
+                failed[session_id] = PersistenceError(
+                    f"session {session_id!r} lost appended events (the server lost commits "
+                    "that had not reached its disk)")
+        return failed
+
+    def _sync(self, unknown: list[str], appended: dict[str, tuple[int, int, bytes]]
+              ) -> tuple[set[str], dict[str, tuple[int, bytes]]]:
+        """One synchronously committed transaction: the ids of ``unknown`` that exist, and
+        for each of ``appended`` its row token and the line at its recorded seq."""
+        keys = {_key(sid): sid for sid in unknown}
+        wanted = {_key(sid): (sid, record[1]) for sid, record in appended.items()}
+        with self._connection("confirm sessions durable") as conn, conn.transaction():
+            if wanted:  # else nothing to make durable: existence alone
+                conn.execute("SET LOCAL synchronous_commit = on")
+                conn.execute("SELECT txid_current()")  # a commit record, flushed at commit
+            found = {keys[row[0]] for row in conn.execute(
+                f"SELECT id FROM {SESSIONS} WHERE id = ANY(%s)", (list(keys),))} if keys else set()
+            lines: dict[str, tuple[int, bytes]] = {}
+            if wanted:
+                rows = conn.execute(
+                    f"SELECT w.id, s.token, e.line FROM unnest(%s::text[], %s::bigint[]) "
+                    f"AS w (id, seq) JOIN {SESSIONS} s ON s.id = w.id LEFT JOIN {EVENTS} e "
+                    "ON e.session_id = w.id AND e.seq = w.seq",
+                    (list(wanted), [seq for _, seq in wanted.values()])).fetchall()
+                for key, token, line in rows:
+                    if line is not None:
+                        lines[wanted[key][0]] = (int(token), bytes(line))
+        return found, lines
+
     # -- overridable primitives (tests inject faults here) --------------------------------
 
     def _execute_append(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
@@ -551,7 +633,8 @@ class PostgresStore:
         return conn.execute(_APPEND, params).rowcount
 
     def _flush_primitive(self, session_id: str) -> None:
-        """Nothing to do: every append this store answered was committed by the server."""
+        """Called for each session a flush confirms, before the synchronous commit
+        (nothing of its own to do)."""
 
     # -- internals ------------------------------------------------------------------------
 
@@ -598,6 +681,9 @@ class PostgresStore:
                 "ORDER BY seq", (key, first, stop)).fetchall()]
         if row is not None and int(row[0]) == pending.token:
             if found == pending.lines:
+                with self._unconfirmed_lock:  # committed: the flush makes it durable
+                    self._unflushed[session_id] = (pending.token, pending.events[-1].seq,
+                                                   pending.lines[-1])
                 self._forget(session_id, pending)
                 return
             if not found and int(row[1]) == first:
@@ -705,6 +791,12 @@ class PostgresStore:
             failure = PersistenceError(f"cannot {what}: {type(exc).__name__}")
             failure.errno = outage_errno(exc)
             raise failure from exc
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    """Every pooled connection commits its appends without waiting for the server's disk:
+    ``flush`` is the durability barrier, one synchronous commit for a whole batch."""
+    conn.execute("SET synchronous_commit = off")
 
 
 def outage_errno(exc: psycopg.Error) -> int | None:

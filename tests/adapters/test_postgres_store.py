@@ -206,3 +206,48 @@ def test_a_row_beyond_the_line_bounds_reads_as_a_corrupt_log(
     # then
     with PostgresStore(postgres_url) as fresh, pytest.raises(ScheduleLogError, match="deeper"):
         fresh.read("s1")
+
+
+def test_a_flush_finds_an_append_the_server_lost_and_says_so(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    # given: an append committed without waiting for the server's disk
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    store.flush("s1")
+    store.append("s1", [message("b")], 1)
+    # when the server loses it (as a crash before its log reached the disk does)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {EVENTS} WHERE seq = 1")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {SESSIONS} SET length = 1")  # type: ignore[arg-type]
+    # then the flush does not confirm it, and the store reads the log as it is
+    with pytest.raises(PersistenceError, match="lost"):
+        store.flush("s1")
+    assert len(store.read("s1").events) == 1
+    store.flush("s1")  # nothing of this store's is unconfirmed any more
+
+
+def test_one_flush_confirms_a_batch_and_names_a_missing_session(
+    store: PostgresStore,
+) -> None:
+    for n in range(5):
+        store.create(header(f"s{n}"))
+        store.append(f"s{n}", [message("a")], 0)
+    assert store.flush_many([f"s{n}" for n in range(5)] + ["ghost"]).keys() == {"ghost"}
+    assert store.flush_many([f"s{n}" for n in range(5)]) == {}  # nothing left: no query
+
+
+@pytest.mark.parametrize("query", ["_TAIL", "_RANGE"])
+def test_reads_find_a_sessions_rows_by_index(
+    store: PostgresStore, postgres_url: str, query: str
+) -> None:
+    # the events' key leads with the session: a collation the query cannot use it with
+    # leaves a scan of every session's rows
+    store.create(header())
+    params = {"id": "s1", "from": 0, "token": 1, "start": 0, "stop": 9}
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(row[0] for row in conn.execute(
+            "EXPLAIN " + getattr(postgres, query), params).fetchall())  # type: ignore[operator]
+    assert any("Index Cond" in line and "session_id" in line
+               for line in plan.splitlines()), plan
