@@ -94,6 +94,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 def cmd_session(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.events import SessionHeader
     from dsh_schedule.shared.core.timesel import load_zone
+    from dsh_schedule.shared.store.jsonl import JsonlStore
     from dsh_schedule.shared.store.naming import store_from_settings
 
     settings = settings_of(args)
@@ -102,13 +103,14 @@ def cmd_session(args: argparse.Namespace) -> int:
         if args.time_zone is not None:
             load_zone(args.time_zone)
         # A mistyped --sessions would otherwise hide the session in a new directory.
-        new_directory = not store.root.is_dir()
+        root = store.root if isinstance(store, JsonlStore) else None
+        new_directory = root is not None and not root.is_dir()
         store.create(
             SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
         )
         if new_directory:
             print(f"dsh-schedule: created the sessions directory "
-                  f"'{terminal_text(str(store.root))}'", file=sys.stderr)
+                  f"'{terminal_text(str(root))}'", file=sys.stderr)
         print(terminal_text(args.id))
     else:
         header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())

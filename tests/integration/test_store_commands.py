@@ -130,3 +130,16 @@ def test_store_migrate_creates_the_schema_once(
     assert main(["store", "migrate", "--store", schema_url]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "session schema: version 0 -> 1", "session schema: version 1 -> 1"]
+
+
+def test_reminders_lists_the_sessions_of_a_postgres_store(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DSH_SCHEDULE_STORE", postgres_url)
+    assert main(["session", "create", "s1", "--time-zone", "UTC"]) == 0
+    assert main(["call", "s1", "schedule_create",
+                 json.dumps({"prompt": "stretch", "after_seconds": 600})]) == 0
+    capsys.readouterr()
+    assert main(["reminders"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 2 and rows[1].startswith("s1\tschedule-1\t")
