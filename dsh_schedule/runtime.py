@@ -46,7 +46,7 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import connect_embedded
 from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import store_from_settings
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.due import DueOwner
 from dsh_schedule.worker.process import ScheduleWorker
@@ -121,10 +121,8 @@ class EmbeddedRuntime:
             sessions = self._scratch / "sessions"
         base = settings if settings is not None else Settings()
         self.settings = base if sessions is None else msgspec.structs.replace(
-            base, sessions=Path(sessions))
-        self.store = store if store is not None else JsonlStore(
-            self.settings.sessions, cache_mb=self.settings.cache_mb,
-            syncfs=self.settings.syncfs)
+            base, sessions=Path(sessions), store=None)
+        self.store = store if store is not None else store_from_settings(self.settings)
         self.clock = clock
         self.client = connect_embedded()
         self.coordination = Coordination(self.client, self.settings)

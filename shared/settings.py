@@ -24,6 +24,9 @@ _PROMPT_LIMIT_RANGE: Final = (
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str | None = None
     sessions: Path = Path("sessions")
+    # The session store: a directory (the JSONL store; then ``sessions`` is that directory)
+    # or a ``postgresql://`` URL (docs/architecture.md#session-logs); None: ``sessions``.
+    store: str | None = None
     prefix: str = "dsh-schedule:"
     queue: str = "dsh-schedule"
     lock_ttl_s: float = 30.0
@@ -58,6 +61,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     generation_check_s: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.store is not None and not _is_database_url(self.store):
+            msgspec.structs.force_setattr(self, "sessions", Path(self.store))
         if not 1 <= self.max_prompt_bytes <= MAX_PROMPT_BYTES_CEILING:
             raise ValueError(_PROMPT_LIMIT_RANGE + f", got {self.max_prompt_bytes!r}")
         if self.sweep_period_s > MAX_SWEEP_PERIOD_S:
@@ -65,6 +70,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 f"sweep_period_s must be at most {MAX_SWEEP_PERIOD_S:g} seconds, "
                 f"got {self.sweep_period_s!r}"
             )
+
+    @property
+    def store_name(self) -> str:
+        """The session store: its ``postgresql://`` URL, or the JSONL directory."""
+        return self.store if self.store is not None else str(self.sessions)
+
+    @property
+    def store_shown(self) -> str:
+        """``store_name`` as a message may show it: a URL without its password."""
+        name = self.store_name
+        if not _is_database_url(name):
+            return name
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(name)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        user = parts.username
+        netloc = f"{user}@{host}" if user else host
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -86,6 +110,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 ENV_PREFIX: Final = "DSH_SCHEDULE_"
+
+
+def _is_database_url(name: str) -> bool:
+    return name.startswith(("postgresql://", "postgres://"))
 
 
 def environment_name(field: str) -> str:

@@ -24,6 +24,7 @@ from redis.connection import Connection
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.settings import Settings
 from tests import children
+from tests.postgres_server import postgres_store, postgres_url  # noqa: F401 (fixtures)
 from tests.redis_server import TEST_REDIS_ENV, RedisServer, RedisServerMissing
 
 # Where real-Redis tests point when there is no Redis to be had: nothing listens on port 1,

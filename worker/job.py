@@ -36,7 +36,7 @@ from dsh_schedule.shared.coordination.wake import (
 from dsh_schedule.shared.coordination.workers import Held
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import store_from_settings
 from dsh_schedule.worker.due import DueOwner
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def serving(owner: DueOwner) -> Iterator[None]:
 
 def build_owner(client: redis.Redis, settings: Settings) -> DueOwner:
     """The due owner for a deployment's settings, on the wall clock."""
-    store = JsonlStore.from_settings(settings)
+    store = store_from_settings(settings)
     return DueOwner(store, Coordination(client, settings), settings, clock=wall_clock_ms)
 
 

@@ -212,7 +212,7 @@ def run_worker(settings: Settings, *, burst: bool = False) -> int:
     outage = Outage(log, "worker")
     stopped = threading.Event()
     logging.getLogger("rq.worker").addFilter(_OutageNoise(outage))
-    log.info("worker serving queue %s, sessions in %s", settings.queue, settings.sessions)
+    log.info("worker serving queue %s, sessions in %s", settings.queue, settings.store_shown)
     level = rq_level_name()  # rq would otherwise reset its loggers' level to INFO
     while not stopped.is_set():
         worker = ScheduleWorker(

@@ -26,7 +26,7 @@ from dsh_schedule.terminal import shown_json, terminal_text
 
 if TYPE_CHECKING:
     from dsh_schedule.host.gate import Delivery
-    from dsh_schedule.shared.store.jsonl import JsonlStore
+    from dsh_schedule.shared.store.port import SessionStore
 
 # -- read-only commands on the pure core ----------------------------------------------
 
@@ -95,20 +95,22 @@ def cmd_session(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.events import SessionHeader
     from dsh_schedule.shared.core.timesel import load_zone
     from dsh_schedule.shared.store.jsonl import JsonlStore
+    from dsh_schedule.shared.store.naming import store_from_settings
 
     settings = settings_of(args)
-    store = JsonlStore.from_settings(settings)
+    store = store_from_settings(settings)
     if args.session_command == "create":
         if args.time_zone is not None:
             load_zone(args.time_zone)
         # A mistyped --sessions would otherwise hide the session in a new directory.
-        new_directory = not store.root.is_dir()
+        root = store.root if isinstance(store, JsonlStore) else None
+        new_directory = root is not None and not root.is_dir()
         store.create(
             SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
         )
         if new_directory:
             print(f"dsh-schedule: created the sessions directory "
-                  f"'{terminal_text(str(store.root))}'", file=sys.stderr)
+                  f"'{terminal_text(str(root))}'", file=sys.stderr)
         print(terminal_text(args.id))
     else:
         header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())
@@ -118,18 +120,18 @@ def cmd_session(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.catalog import tool_definitions
-    from dsh_schedule.shared.store.jsonl import JsonlStore
+    from dsh_schedule.shared.store.naming import store_from_settings
 
     settings = settings_of(args)
     names = [tool.name for tool in tool_definitions(settings.calendar)]
     if args.tool not in names:
         raise CommandError(f"call: unknown tool {args.tool!r} (one of {', '.join(names)})")
     arguments = tool_args(args.args_json)
-    store = JsonlStore.from_settings(settings)
+    store = store_from_settings(settings)
     if not store.exists(args.session):
         raise CommandError(
             f"call: session {shown_id(args.session)} does not exist in "
-            f"{str(settings.sessions)!r}"
+            f"{settings.store_shown!r}"
         )
     if settings.redis_url:
         await_redis(settings.redis_url, args.redis_wait, verbose=args.verbose)
@@ -207,13 +209,13 @@ def cmd_host(args: argparse.Namespace) -> int:
     stop_while_starting()
     settings = settings_of(args)
     url = require_redis(settings, "host")
-    from dsh_schedule.shared.store.jsonl import JsonlStore
+    from dsh_schedule.shared.store.naming import store_from_settings
 
-    store = JsonlStore.from_settings(settings)
+    store = store_from_settings(settings)
     sessions = list(dict.fromkeys([*args.sessions_to_host, *args.sessions_file]))
     if not sessions:
         raise CommandError("host: name a SESSION or a --sessions-file")
-    _require_sessions(store, sessions)
+    _require_sessions(store, sessions, settings.store_shown)
     serve_metrics(settings, "host")
     await_redis(url, args.redis_wait, verbose=args.verbose)
     import threading
@@ -256,7 +258,7 @@ def cmd_host(args: argparse.Namespace) -> int:
     return 0
 
 
-def _require_sessions(store: JsonlStore, sessions: Sequence[str]) -> None:
+def _require_sessions(store: SessionStore, sessions: Sequence[str], where: str) -> None:
     """A host serves only sessions that exist: one that does not is a mistyped id or the
     wrong directory, and serving nothing for it would hide that."""
     missing = [session_id for session_id in sessions if not store.exists(session_id)]
@@ -264,5 +266,5 @@ def _require_sessions(store: JsonlStore, sessions: Sequence[str]) -> None:
         more = " and more" if len(missing) > 3 else ""
         shown = ", ".join(shown_id(m) for m in missing[:3]) + more
         raise CommandError(f"host: {len(missing)} session(s) do not exist in "
-                           f"{str(store.root)!r}: {shown} (create them with "
+                           f"{where!r}: {shown} (create them with "
                            "'dsh-schedule session create ID')")

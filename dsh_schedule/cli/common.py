@@ -36,9 +36,12 @@ class CommandError(Exception):
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
+    sessions = getattr(args, "sessions", None)
     return Settings.from_env(
         redis_url=getattr(args, "redis", None),
-        sessions=getattr(args, "sessions", None),
+        # --sessions DIR is --store DIR: an explicit one wins over DSH_SCHEDULE_STORE.
+        store=getattr(args, "store", None) or (None if sessions is None else str(sessions)),
+        sessions=sessions,
         queue=getattr(args, "queue", None),
         prefix=getattr(args, "prefix", None),
         metrics_port=getattr(args, "metrics_port", None),

@@ -34,6 +34,7 @@ from dsh_schedule.cli.common import (
 )
 from dsh_schedule.cli.ops import cmd_health, cmd_status, cmd_web
 from dsh_schedule.cli.reminders import add_arguments as reminders_arguments
+from dsh_schedule.cli.store import add_store_commands
 from dsh_schedule.shared.settings import LOG_LEVELS, LogSettings, SettingsError
 
 # -- parser ---------------------------------------------------------------------------
@@ -125,6 +126,8 @@ def _metrics_flags(parser: argparse.ArgumentParser) -> None:
                         "(default: DSH_SCHEDULE_METRICS_ADDR, else 0.0.0.0)")
 
 
+STORE_HELP: Final = ("the session store: a directory (as --sessions) or a postgresql:// URL "
+                     "(default: DSH_SCHEDULE_STORE, else the sessions directory)")
 SESSIONS_HELP: Final = "session log directory (default: DSH_SCHEDULE_SESSIONS, else ./sessions)"
 
 
@@ -138,6 +141,7 @@ def _common(parser: argparse.ArgumentParser, *, redis: bool = True, sessions: bo
     group = _group(parser, CONNECTION_GROUP)
     if sessions:
         group.add_argument("--sessions", type=Path, metavar="DIR", help=sessions_help)
+        group.add_argument("--store", metavar="DIR|URL", help=STORE_HELP)
     if redis:
         group.add_argument("--redis", metavar="URL",
                            help="Redis URL (default: DSH_SCHEDULE_REDIS_URL)")
@@ -217,9 +221,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     for subparser in (c, f):
         _verbose(subparser)
         # Accepted after the subcommand too, without overriding one given before it.
-        _group(subparser, CONNECTION_GROUP).add_argument(
-            "--sessions", type=Path, default=argparse.SUPPRESS, metavar="DIR",
-            help=SESSIONS_HELP)
+        group = _group(subparser, CONNECTION_GROUP)
+        group.add_argument("--sessions", type=Path, default=argparse.SUPPRESS, metavar="DIR",
+                           help=SESSIONS_HELP)
+        group.add_argument("--store", default=argparse.SUPPRESS, metavar="DIR|URL",
+                           help=STORE_HELP)
     p.set_defaults(func=cmd_session)
 
     p = sub.add_parser("call", help="run one tool call as the host would")
@@ -270,6 +276,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
             module = importlib.import_module(_ELSEWHERE[name])
             module.add_arguments(p)
             p.set_defaults(func=module.run)
+
+    add_store_commands(sub, _common, session_id_arg)
 
     p = sub.add_parser("host", help="run the reference host for sessions")
     _common(p)

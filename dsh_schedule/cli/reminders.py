@@ -7,10 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from dsh_schedule.cli.common import EXIT_UNHEALTHY, instant_arg, settings_of
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.terminal import shown_json, terminal_text
+
+if TYPE_CHECKING:
+    from dsh_schedule.shared.store.port import SessionStore
 
 COLUMNS = ("session", "id", "kind", "next target", "state", "prompt")
 
@@ -30,12 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_reminders(args: argparse.Namespace) -> int:
     """Print the rows as they are found, session by session; exit 1 when a session could
     not be listed (each such session is one line on stderr), else 0."""
-    from dsh_schedule.reminders import ActiveReminder, active_reminders
-    from dsh_schedule.shared.core.instant import format_instant
-    from dsh_schedule.shared.store.jsonl import JsonlStore
+    from dsh_schedule.shared.store.naming import close_store, open_store
 
     # Nothing kept between sessions: each is read, listed and dropped.
-    store = JsonlStore(settings_of(args).sessions, cache_mb=0, syncfs=False)
+    store = open_store(settings_of(args).store_name, cache_mb=0, syncfs=False)
+    try:
+        return _print_reminders(args, store)
+    finally:
+        close_store(store)
+
+
+def _print_reminders(args: argparse.Namespace, store: SessionStore) -> int:
+    from dsh_schedule.reminders import ActiveReminder, active_reminders
+    from dsh_schedule.shared.core.instant import format_instant
+
     out = sys.stdout
     if not args.json:
         out.write("\t".join(COLUMNS) + "\n")

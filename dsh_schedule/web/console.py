@@ -59,7 +59,7 @@ from dsh_schedule.shared.core.instant import format_instant, to_ms
 from dsh_schedule.shared.core.timesel import is_valid_zone, load_zone
 from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import is_database_url, store_from_settings
 from dsh_schedule.shared.store.port import SessionExists
 from dsh_schedule.status import Status, read_status, write_heartbeat
 from dsh_schedule.web import model, pages
@@ -102,7 +102,7 @@ class Console:
         self.settings = settings
         self.clock = clock
         self.step_s = step_s
-        self.store = JsonlStore.from_settings(settings)
+        self.store = store_from_settings(settings)
         self.embedded = not settings.redis_url
         self.system: EmbeddedSystem | None = None
         if settings.redis_url:
@@ -140,7 +140,8 @@ class Console:
 
     def start(self) -> None:
         """Serve every session of the directory, then run the host in the background."""
-        self.settings.sessions.mkdir(parents=True, exist_ok=True)
+        if not is_database_url(self.settings.store_name):
+            self.settings.sessions.mkdir(parents=True, exist_ok=True)
         for session_id in self.store.sessions():
             self.open(session_id)
         if self.system is not None:

@@ -49,6 +49,7 @@ from dsh_schedule.shared.store.sessioncache import (
     file_stamp,
 )
 from dsh_schedule.shared.store.syncfs import FileSystemSync
+from dsh_schedule.shared.store.transfer import check_lines
 
 if TYPE_CHECKING:
     from dsh_schedule.shared.settings import Settings
@@ -428,6 +429,27 @@ class JsonlStore:
             return failed
         failed.update(flush_one_by_one(self, [session_id for session_id, _ in changed]))
         return failed
+
+    def session_lines(self, session_id: str) -> tuple[bytes, list[bytes]]:
+        """The session's header line and committed event lines, as the file holds them
+        (``store copy``, ``export``)."""
+        fd, st = self._open_locked(session_id, os.O_RDONLY, fcntl.LOCK_SH)
+        try:
+            data = b"".join(_copy(fd, 0, st.st_size, session_id))
+        finally:
+            os.close(fd)
+        end = data.rfind(b"\n")  # bytes after the last newline are a torn line
+        if end < 0:
+            raise PersistenceError(f"session {session_id!r} has no complete header")
+        header, *lines = data[:end].split(b"\n")
+        return header, lines
+
+    def import_lines(self, session_id: str, header: bytes, lines: Sequence[bytes]) -> None:
+        """Create the session's file holding exactly these lines, durably, once they read
+        as its log (``store copy``); ``SessionExists`` when it exists."""
+        check_lines(session_id, header, lines)
+        self._publish(self.path(session_id), session_id,
+                      itertools.chain([header + b"\n"], (line + b"\n" for line in lines)))
 
     def _stamp(self, session_id: str) -> tuple[int, ...]:
         """The session file's stamp, from its path."""

@@ -79,8 +79,11 @@ def raw_event(seq: int, data_json: bytes, kind: bytes = b"tool/call") -> bytes:
     return b'{"type":"' + kind + b'","seq":%d,"time":0,"data":' % seq + data_json + b"}"
 
 
-@pytest.fixture(params=["memory", "jsonl"])
+@pytest.fixture(params=["memory", "jsonl", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionStore]:
+    if request.param == "postgres":
+        yield request.getfixturevalue("postgres_store")
+        return
     yield MemoryStore() if request.param == "memory" else JsonlStore(tmp_path / "sessions")
 
 

@@ -1,5 +1,6 @@
-"""The SessionStore contract (docs/architecture.md#session-logs), run against the in-memory
-fake and the JSONL store."""
+"""The SessionStore contract (docs/architecture.md#session-logs), one suite every store runs:
+the in-memory fake, the JSONL store and the PostgreSQL store (a database of the test run's
+own, tests/postgres_server.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEv
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.memory import MemoryStore
 from dsh_schedule.shared.store.port import SessionExists, SessionStore
+from dsh_schedule.shared.store.postgres import PostgresStore
+from tests.postgres_server import require_postgres
 
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
 WHEN = "2026-12-01T16:00:00.000Z"
@@ -73,6 +76,27 @@ class FaultyJsonlStore(JsonlStore):
         super()._fsync(fd)
 
 
+class FaultyPostgresStore(PostgresStore):
+    """The PostgreSQL store with its append statement and its flush made to fail on demand:
+    the statement is replaced by one the server refuses (so it answers, and nothing is
+    written)."""
+
+    write_failures = 0
+    flush_failures = 0
+
+    def _execute_append(self, conn: Any, params: dict[str, Any]) -> int:
+        if self.write_failures:
+            self.write_failures -= 1
+            conn.execute("SELECT 1 / 0")
+        return super()._execute_append(conn, params)
+
+    def _flush_primitive(self, session_id: str) -> None:
+        if self.flush_failures:
+            self.flush_failures -= 1
+            raise PersistenceError(f"injected: flush of session {session_id!r} failed")
+        super()._flush_primitive(session_id)
+
+
 @dataclass
 class Harness:
     store: SessionStore
@@ -97,9 +121,32 @@ def _jsonl_harness(root: Path) -> Harness:
     return Harness(store, break_write, break_flush)
 
 
-@pytest.fixture(params=[_memory_harness, _jsonl_harness], ids=["memory", "jsonl"])
+def _postgres_harness(_: Path) -> Harness:
+    from tests.postgres_server import empty_database
+
+    url = require_postgres()
+    empty_database(url)
+    store = FaultyPostgresStore(url)
+
+    def break_write() -> None:
+        store.write_failures += 1
+
+    def break_flush() -> None:
+        store.flush_failures += 1
+
+    return Harness(store, break_write, break_flush)
+
+
+@pytest.fixture(params=[
+    _memory_harness, _jsonl_harness, pytest.param(_postgres_harness, marks=pytest.mark.postgres),
+], ids=["memory", "jsonl", "postgres"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    yield request.param(tmp_path)
+    made = request.param(tmp_path)
+    try:
+        yield made
+    finally:
+        if isinstance(made.store, PostgresStore):
+            made.store.close()
 
 
 @pytest.fixture

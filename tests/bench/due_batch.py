@@ -13,7 +13,9 @@ commands count both as themselves and inside its ``EVAL``). The worker's session
 cold, as in a burst: each session is read for the first time by its due transaction.
 ``--log-format text|json`` writes the worker's log lines (one per dispatch) to
 ``/dev/null`` in that format, as a worker process logs them; by default nothing is logged.
-``--pause`` waits for a key press before the batch (print the pid, attach ``strace -c -f
+``--store postgres`` keeps the sessions in PostgreSQL instead (a database the run creates and
+drops, tests/postgres_server.py); the line then also has the set-up's create calls' p50 and
+p99. ``--pause`` waits for a key press before the batch (print the pid, attach ``strace -c -f
 -p PID`` or ``py-spy record -p PID``, then press enter).
 """
 
@@ -33,44 +35,67 @@ from dsh_schedule.loadtest.sessions import write_sessions
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.logging_setup import configure
 from dsh_schedule.shared.settings import LogSettings, Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.due import DueOwner
 from tests.redis_server import RedisServer
-
-CREATES_PER_S = 300  # a safe pace for the set-up's tool calls, to place the due second
 
 
 def _redis_cpu(info: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def _store(settings: Settings, kind: str) -> SessionStore:
+    if kind == "jsonl":
+        return JsonlStore.from_settings(settings)
+    from dsh_schedule.shared.store.postgres import PostgresStore
+    from tests.postgres_server import empty_database, test_database_url
+
+    url = test_database_url()
+    if url is None:
+        raise SystemExit("no PostgreSQL to measure on (tests/postgres_server.py)")
+    empty_database(url)
+    return PostgresStore(url)
+
+
 def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
-            log_format: str | None = None) -> dict[str, Any]:
+            log_format: str | None = None, store_kind: str = "jsonl") -> dict[str, Any]:
     client = server.client()
     client.flushdb()
     sessions = Path(tempfile.mkdtemp(prefix="due-batch-"))
     settings = Settings(redis_url=server.url(), sessions=sessions, prefix="due:", queue="due")
     names = [f"due-{i:05d}" for i in range(agents)]
-    write_sessions(JsonlStore.from_settings(settings), names, [], created_at_ms=wall_clock_ms())
-    os.sync()
+    store = _store(settings, store_kind)
+    if isinstance(store, JsonlStore):
+        write_sessions(store, names, [], created_at_ms=wall_clock_ms())
+        os.sync()
+    else:
+        for name in names:
+            store.create(SessionHeader(id=name, createdAt=wall_clock_ms()))
     Coordination(client, settings).leases.install(
-        "host", names, settings.queue, now_ms=wall_clock_ms(), ttl_s=3600)
-    tools = ScheduleTools(JsonlStore.from_settings(settings), Coordination(client, settings),
-                          settings, wall_clock_ms)
-    due_ms = (wall_clock_ms() // 1000 + 3 + agents // CREATES_PER_S) * 1000
+        "host", names, settings.queue, now_ms=wall_clock_ms(), ttl_s=3 * 3600)
+    tools = ScheduleTools(store, Coordination(client, settings), settings, wall_clock_ms)
+    # Due an hour ahead, whatever the set-up's pace; the worker's clock starts there.
+    due_ms = (wall_clock_ms() // 1000 + 3600) * 1000
+    create_ms: list[float] = []
     for name in names:
+        started = time.perf_counter()
         result = tools.call(name, "schedule_create",
                             {"prompt": f"reminder for {name}", "at": format_instant(due_ms)})
+        create_ms.append((time.perf_counter() - started) * 1000)
         if result.is_error:
             raise SystemExit(f"set-up: {result.content}")
     tools.close()
-    while wall_clock_ms() < due_ms:
-        time.sleep(0.01)
-    owner = DueOwner(JsonlStore.from_settings(settings), Coordination(client, settings),
-                     settings, clock=wall_clock_ms)
+    shift = due_ms - wall_clock_ms()
+    # The worker's store is cold, as in a burst: a store of its own.
+    worker_store = _store(settings, "jsonl") if store_kind == "jsonl" else type(store)(
+        store.url)  # type: ignore[attr-defined]
+    owner = DueOwner(worker_store, Coordination(client, settings), settings,
+                     clock=lambda: wall_clock_ms() + shift)
     tune_for_service()  # as the worker process does
     if log_format is not None:
         configure(LogSettings(format=log_format), stream=open(os.devnull, "w"))  # noqa: SIM115
@@ -92,8 +117,13 @@ def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
         for name, v in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])
         if not name.startswith(("cmdstat_config", "cmdstat_info"))
     }
+    create_ms.sort()
     return {
-        "agents": agents, "job": job, "log_format": log_format, "outcomes": dict(outcomes),
+        "store": store_kind, "agents": agents, "job": job, "log_format": log_format,
+        "outcomes": dict(outcomes),
+        "due_transactions_per_s": round(agents / wall_s, 1),
+        "create_p50_ms": round(create_ms[len(create_ms) // 2], 2),
+        "create_p99_ms": round(create_ms[min(len(create_ms) - 1, len(create_ms) * 99 // 100)], 2),
         "worker_cpu_us": round(cpu_s / agents * 1e6, 1),
         "worker_wall_us": round(wall_s / agents * 1e6, 1),
         "redis_cpu_us": round(redis_s / agents * 1e6, 1),
@@ -108,13 +138,14 @@ def main() -> None:
                         help="wakes per job (the mover's MOVE_BATCH)")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--pause", action="store_true")
+    parser.add_argument("--store", choices=("jsonl", "postgres"), default="jsonl")
     parser.add_argument("--log-format", choices=("text", "json"),
                         help="log the worker's lines to /dev/null in this format")
     args = parser.parse_args()
     with RedisServer() as server:
         for _ in range(args.runs):
             print(json.dumps(measure(server, args.agents, args.job, pause=args.pause,
-                                     log_format=args.log_format)),
+                                     log_format=args.log_format, store_kind=args.store)),
                   flush=True)
 
 

@@ -11,6 +11,7 @@ from dsh_schedule.shared.core.due import (
     Wait,
     due_decision,
     gate_opens_ms,
+    next_due_moment_ms,
     next_wake_ms,
 )
 from dsh_schedule.shared.core.fold import FoldState
@@ -104,3 +105,17 @@ def test_next_wake(fold_state: FoldState, now: int, expected: int | None) -> Non
 def test_the_gate_opens_300_seconds_after_the_last_batch() -> None:
     assert gate_opens_ms(state()) is None
     assert gate_opens_ms(state(last_batch=T)) == T + 300 * S
+
+
+@pytest.mark.parametrize(("fold_state", "expected"), [
+    (state(), None),
+    (state(A1, A2), T - 5 * S),
+    (state(E6, last_batch=T - 100 * S), T + 200 * S),  # the gate opens after the target
+    (state(E6, A1, last_batch=T - 100 * S), T),
+    (state(E6, last_batch=T - 400 * S), T - 60 * S),
+], ids=["nothing", "earliest one-shot", "gate", "one-shot before the gate", "gate open"])
+def test_the_next_due_moment_needs_no_now(fold_state: FoldState, expected: int | None) -> None:
+    assert next_due_moment_ms(fold_state) == expected
+    if expected is not None:
+        assert not isinstance(due_decision(fold_state, expected), Wait)
+        assert isinstance(due_decision(fold_state, expected - 1), Wait)

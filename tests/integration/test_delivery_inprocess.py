@@ -1,7 +1,7 @@
 """Delivery on an injected clock, the whole system in one process (docs/architecture.md#delivery).
 
 These are the clock-dependent cases; the same paths run with real worker and scheduler
-processes in ``test_processes.py``.
+processes in ``test_processes.py``. Each runs on the in-memory store and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def system(redis_client: redis.Redis, settings: Settings, clock: FakeClock) -> EmbeddedSystem:
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
+def system(request: pytest.FixtureRequest, redis_client: redis.Redis, settings: Settings,
+           clock: FakeClock) -> EmbeddedSystem:
+    store = (MemoryStore() if request.param == "memory"
+             else request.getfixturevalue("postgres_store"))
     return EmbeddedSystem(
-        MemoryStore(), settings, clock=clock, sleep=clock.advance, client=redis_client,
+        store, settings, clock=clock, sleep=clock.advance, client=redis_client,
         injected_clock=True,
     )
 

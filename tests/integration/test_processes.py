@@ -24,6 +24,9 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import close_store
+from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.store.postgres import PostgresStore
 from tests.conftest import REAL_REDIS_URL
 from tests.support import dispatch_records, reminder_texts, value
 
@@ -31,15 +34,16 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 class Cluster:
-    """Worker and scheduler subprocesses plus an in-test host, sharing one sessions dir."""
+    """Worker and scheduler subprocesses plus an in-test host, sharing one store: a sessions
+    directory, or a PostgreSQL database (``store_url``)."""
 
-    def __init__(self, root: Path, client: redis.Redis) -> None:
+    def __init__(self, root: Path, client: redis.Redis, store_url: str | None = None) -> None:
         self.root = root
         self.client = client
         self.env = dict(
             os.environ,
             DSH_SCHEDULE_REDIS_URL=REAL_REDIS_URL,
-            DSH_SCHEDULE_SESSIONS=str(root / "sessions"),
+            DSH_SCHEDULE_STORE=store_url or str(root / "sessions"),
             DSH_SCHEDULE_PREFIX="ptest:",
             DSH_SCHEDULE_QUEUE="ptest",
             DSH_SCHEDULE_LOCK_TTL="2",
@@ -51,18 +55,21 @@ class Cluster:
         )
         self.env.pop(CRASH_ENV, None)
         self.settings = Settings.from_env(self.env)
-        self.store = JsonlStore(self.settings.sessions)
+        self.store_url = store_url
+        self.store: SessionStore = (JsonlStore(self.settings.sessions) if store_url is None
+                                    else PostgresStore(store_url))
         self.coordination = Coordination(client, self.settings)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.host: ReferenceHost | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def spawn(self, command: str, **env: str) -> subprocess.Popen[bytes]:
+    def spawn(self, command: str, cwd: Path | None = None, **env: str
+              ) -> subprocess.Popen[bytes]:
         with (self.root / f"{command}-{len(self.procs)}.log").open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "dsh_schedule", command],
-                env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT,
+                env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
             )
         self.procs.append(proc)
         return proc
@@ -117,7 +124,15 @@ class Cluster:
                        check=True, capture_output=True)
 
     def check(self) -> subprocess.CompletedProcess[str]:
-        files = sorted(str(p) for p in (self.root / "sessions").glob("*.jsonl"))
+        if self.store_url is not None:  # the logs as JSONL, as `export` prints them
+            exported = self.root / "exported"
+            exported.mkdir(exist_ok=True)
+            for session_id in self.store.sessions():
+                (exported / f"{session_id}.jsonl").write_bytes(subprocess.run(
+                    [sys.executable, "-m", "dsh_schedule", "export", session_id],
+                    env=self.env, check=True, capture_output=True).stdout)
+        folder = self.root / ("sessions" if self.store_url is None else "exported")
+        files = sorted(str(p) for p in folder.glob("*.jsonl"))
         return subprocess.run([sys.executable, "-m", "dsh_schedule", "check", *files],
                               env=self.env, capture_output=True, text=True)
 
@@ -125,11 +140,14 @@ class Cluster:
 CRASH_ENV = "DSH_SCHEDULE_CRASH_AT"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, real_redis: redis.Redis) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, real_redis)
+@pytest.fixture(params=["jsonl", pytest.param("postgres", marks=pytest.mark.postgres)])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path,
+            real_redis: redis.Redis) -> Iterator[Cluster]:
+    url = None if request.param == "jsonl" else request.getfixturevalue("postgres_url")
+    c = Cluster(tmp_path, real_redis, url)
     yield c
     c.close()
+    close_store(c.store)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
@@ -288,3 +306,69 @@ def test_worker_and_scheduler_stop_cleanly_on_sigterm(cluster: Cluster) -> None:
     cluster.spawn("scheduler")
     time.sleep(1.5)
     assert cluster.close() == [0, 0]
+
+
+class _Host:
+    """A reference host with a store of its own, run in a thread of the test."""
+
+    def __init__(self, cluster: Cluster, url: str, *sessions: str) -> None:
+        self.store = PostgresStore(url)
+        self.host = ReferenceHost(self.store, Coordination(cluster.client, cluster.settings),
+                                  cluster.settings)
+        self.host.open_roots(list(sessions))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.host.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def call(self, session: str, tool: str, args: dict[str, Any]) -> Any:
+        _definition, handler = self.host.agents[session].tools[tool]
+        return value(handler(args).content)
+
+    def halt(self) -> None:
+        """Stop serving, as a killed host does: nothing released, its lease left to expire."""
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.mark.postgres
+def test_two_hosts_and_two_workers_without_shared_files_deliver_exactly_once(
+    tmp_path: Path, real_redis: redis.Redis, postgres_url: str
+) -> None:
+    # given: every process has a working directory of its own and names only the database
+    cluster = Cluster(tmp_path, real_redis, postgres_url)
+    env = {k: v for k, v in cluster.env.items() if k != "DSH_SCHEDULE_SESSIONS"}
+    cluster.env = env
+    hosts: list[_Host] = []
+    try:
+        for name in ("worker-a", "worker-b", "scheduler"):
+            (tmp_path / name).mkdir()
+            cluster.spawn(name.split("-")[0], cwd=tmp_path / name)
+        sessions = [cluster.session(f"s{i}") for i in range(4)]
+        first = _Host(cluster, postgres_url, *sessions[:2])
+        second = _Host(cluster, postgres_url, *sessions[2:])
+        hosts += [first, second]
+        for host, mine in ((first, sessions[:2]), (second, sessions[2:])):
+            for session in mine:
+                host.call(session, "schedule_create", {"prompt": "soon", "after_seconds": 2})
+                host.call(session, "schedule_create", {"prompt": "later", "after_seconds": 14})
+        assert wait_for(lambda: all(len(reminder_texts(cluster.store, s)) == 1
+                                    for s in sessions), 30)
+        # when: the first host dies, and the second one's machine serves all four
+        first.halt()
+        second.halt()
+        taking_over = _Host(cluster, postgres_url, *sessions)
+        hosts.append(taking_over)
+        # then: every reminder arrives, once, in its own session
+        assert wait_for(lambda: all(len(reminder_texts(cluster.store, s)) == 2
+                                    for s in sessions), 40)
+        time.sleep(3.0)
+        for session in sessions:
+            assert len(reminder_texts(cluster.store, session)) == 2
+            assert len(dispatch_records(cluster.store, session)) == 2
+        assert not list(tmp_path.glob("**/*.jsonl"))  # no session file anywhere
+    finally:
+        for host in hosts:
+            host.halt()
+            close_store(host.store)
+        cluster.close()
+        close_store(cluster.store)

@@ -1,0 +1,253 @@
+"""The PostgreSQL store's own promises (docs/architecture.md#session-logs): the exact lines of
+the JSONL store, the versioned schema, the fence backed by the unique key, the next due
+moment kept beside a session, the cache within its budget and paged listing.
+
+The contract every store keeps is tests/adapters/test_store_contract.py."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.store import postgres
+from dsh_schedule.shared.store.codec import MAX_LINE_DEPTH
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.postgres import EVENTS, SCHEMA_VERSION, SESSIONS, PostgresStore
+from tests.adapters.test_store_contract import (
+    WHEN,
+    at_create,
+    delete,
+    dispatch,
+    header,
+    message,
+)
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def store(postgres_store: PostgresStore) -> PostgresStore:
+    return postgres_store
+
+
+@pytest.fixture
+def schema_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose tables live in a schema of their own (created, then dropped)."""
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")  # type: ignore[arg-type]
+    try:
+        yield f"{postgres_url}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")  # type: ignore[arg-type]
+
+
+def rows(url: str, query: str, *params: object) -> list[tuple[object, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+
+def test_events_are_kept_as_the_exact_lines_of_the_jsonl_store(
+    store: PostgresStore, postgres_url: str, tmp_path: Path
+) -> None:
+    # given: the same session written to both stores, a lone surrogate included
+    jsonl = JsonlStore(tmp_path)
+    odd = message("cut \ud83d and \u2603")
+    batches = [[message("hi"), at_create("schedule-1")], [odd], [dispatch("schedule-1")]]
+    for target in (jsonl, store):
+        target.create(header("s1"))
+        length = 0
+        for batch in batches:
+            length += len(target.append("s1", batch, length))
+    # when
+    stored = rows(postgres_url, f"SELECT line FROM {EVENTS} WHERE session_id = 's1' ORDER BY seq")
+    (head,) = rows(postgres_url, f"SELECT header FROM {SESSIONS} WHERE id = 's1'")
+    # then: header and event lines byte for byte, and the same events read back
+    lines = jsonl.path("s1").read_bytes().split(b"\n")
+    assert [bytes(head[0])] + [bytes(r[0]) for r in stored] + [b""] == lines
+    assert store.read("s1").events == jsonl.read("s1").events
+    fresh = PostgresStore(postgres_url)
+    try:
+        assert fresh.load("s1") == jsonl.load("s1")
+    finally:
+        fresh.close()
+
+
+def test_the_store_creates_its_schema_one_version_at_a_time(schema_url: str) -> None:
+    # given: an empty schema, and a store that must not migrate
+    unmigrated = PostgresStore(schema_url, migrate=False)
+    try:
+        assert unmigrated.schema_version() == 0
+        with pytest.raises(PersistenceError, match="store migrate"):
+            unmigrated.create(header())
+        # when
+        assert unmigrated.migrate() == (0, SCHEMA_VERSION)
+        # then: a second migration changes nothing, and the store works
+        assert unmigrated.migrate() == (SCHEMA_VERSION, SCHEMA_VERSION)
+        unmigrated.create(header())
+        assert unmigrated.sessions() == ["s1"]
+    finally:
+        unmigrated.close()
+
+
+def test_a_database_newer_than_the_release_is_refused(schema_url: str) -> None:
+    with PostgresStore(schema_url) as store:
+        store.migrate()
+    with psycopg.connect(schema_url, autocommit=True) as conn:
+        conn.execute("UPDATE dsh_schedule_schema SET version = version + 1")
+    with PostgresStore(schema_url) as store, pytest.raises(PersistenceError, match="newer"):
+        store.exists("s1")
+
+
+def test_a_row_slipped_in_without_the_fence_is_a_conflict_never_a_duplicate(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    # given: this store has the session cached at length 1
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    # when: another writer puts seq 1 in place without moving the session's length
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {EVENTS} VALUES ('s1', 1, %s)",  # type: ignore[arg-type]
+                     (b'{"type":"t","seq":1,"time":0,"data":null}',))
+    # then: the append at length 1 does not hold, and seq 1 stays one row
+    with pytest.raises(FenceConflict):
+        store.append("s1", [message("b")], 1)
+    assert rows(postgres_url, f"SELECT count(*) FROM {EVENTS} WHERE seq = 1") == [(1,)]
+
+
+def test_appends_by_another_store_are_caught_up_and_fence_this_one(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    store.create(header())
+    store.append("s1", [at_create("schedule-1")], 0)
+    with PostgresStore(postgres_url) as other:
+        other.append("s1", [message("x"), delete("schedule-1")], 1)
+    with pytest.raises(FenceConflict) as caught:
+        store.append("s1", [dispatch("schedule-1")], 1)
+    assert caught.value.actual == 3
+    session, state = store.load("s1")
+    assert len(session.events) == 3 and state.active == ()
+
+
+def test_the_next_due_moment_is_written_with_each_schedule_change(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    def due() -> list[tuple[object, ...]]:
+        return rows(postgres_url,
+                    f"SELECT next_due_ms, next_due_length FROM {SESSIONS} WHERE id = 's1'")
+
+    store.create(header())
+    assert due() == [(None, None)]
+    store.append("s1", [at_create("schedule-1")], 0)
+    assert due() == [(parse_instant(WHEN), 1)]
+    store.append("s1", [message("unrelated")], 1)  # no Schedule record: left as it was
+    assert due() == [(parse_instant(WHEN), 1)]
+    store.append("s1", [delete("schedule-1")], 2)
+    assert due() == [(None, 3)]
+
+
+def test_a_long_log_is_read_back_from_the_table_within_a_small_budget(
+    postgres_url: str,
+) -> None:
+    # given: a store that may keep almost nothing, and a log longer than the window
+    with PostgresStore(postgres_url, cache_mb=0.01) as store:
+        for n in range(3):
+            store.create(header(f"s{n}"))
+        batch = [message(f"m{i}") for i in range(700)]
+        store.append("s0", batch, 0)
+        for n in (1, 2):
+            store.append(f"s{n}", [message("x")], 0)
+        # when
+        session = store.read("s0")
+        # then: every event, in order, though most were fetched on demand
+        assert [e.data["content"][0]["text"] for e in session.events] == [
+            f"m{i}" for i in range(700)]
+        assert session.events[3].seq == 3 and session.events[-1].seq == 699
+        entries, accounted = store.cache_stats()
+        assert entries < 3 or accounted <= 0.01 * 1024 * 1024
+
+
+def test_sessions_are_listed_page_by_page(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres, "PAGE_IDS", 2)
+    ids = ["b", "A", "a", "é", "c-1"]
+    for session_id in ids:
+        store.create(header(session_id))
+    assert store.sessions() == sorted(ids)
+
+
+def test_an_unreachable_server_is_a_persistence_failure() -> None:
+    # nothing listens on port 1
+    with PostgresStore("postgresql://postgres@127.0.0.1:1/none", timeout_s=1) as store:
+        with pytest.raises(PersistenceError):
+            store.exists("s1")
+        with pytest.raises(PersistenceError):
+            store.create(header())
+
+
+def test_a_row_beyond_the_line_bounds_reads_as_a_corrupt_log(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    # given: a line no append accepts, put in the table by another program
+    store.create(header())
+    deep = b'{"type":"t","seq":0,"time":0,"data":' + b"[" * MAX_LINE_DEPTH + b"]" * MAX_LINE_DEPTH
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {EVENTS} VALUES ('s1', 0, %s)",  # type: ignore[arg-type]
+                     (deep + b"}",))
+        conn.execute(f"UPDATE {SESSIONS} SET length = 1")  # type: ignore[arg-type]
+    # then
+    with PostgresStore(postgres_url) as fresh, pytest.raises(ScheduleLogError, match="deeper"):
+        fresh.read("s1")
+
+
+def test_a_flush_finds_an_append_the_server_lost_and_says_so(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    # given: an append committed without waiting for the server's disk
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    store.flush("s1")
+    store.append("s1", [message("b")], 1)
+    # when the server loses it (as a crash before its log reached the disk does)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {EVENTS} WHERE seq = 1")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {SESSIONS} SET length = 1")  # type: ignore[arg-type]
+    # then the flush does not confirm it, and the store reads the log as it is
+    with pytest.raises(PersistenceError, match="lost"):
+        store.flush("s1")
+    assert len(store.read("s1").events) == 1
+    store.flush("s1")  # nothing of this store's is unconfirmed any more
+
+
+def test_one_flush_confirms_a_batch_and_names_a_missing_session(
+    store: PostgresStore,
+) -> None:
+    for n in range(5):
+        store.create(header(f"s{n}"))
+        store.append(f"s{n}", [message("a")], 0)
+    assert store.flush_many([f"s{n}" for n in range(5)] + ["ghost"]).keys() == {"ghost"}
+    assert store.flush_many([f"s{n}" for n in range(5)]) == {}  # nothing left: no query
+
+
+@pytest.mark.parametrize("query", ["_TAIL", "_RANGE"])
+def test_reads_find_a_sessions_rows_by_index(
+    store: PostgresStore, postgres_url: str, query: str
+) -> None:
+    # the events' key leads with the session: a collation the query cannot use it with
+    # leaves a scan of every session's rows
+    store.create(header())
+    params = {"id": "s1", "from": 0, "token": 1, "start": 0, "stop": 9}
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(row[0] for row in conn.execute(
+            "EXPLAIN " + getattr(postgres, query), params).fetchall())  # type: ignore[operator]
+    assert any("Index Cond" in line and "session_id" in line
+               for line in plan.splitlines()), plan
