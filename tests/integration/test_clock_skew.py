@@ -97,7 +97,11 @@ class SkewRun:
         self.store.flush(SESSION)
         self.watch = Watch(self.store.path(SESSION))
 
-    def start(self, *, host: float = 0, worker: float = 0, scheduler: float = 0) -> None:
+    def start(self, *, host: float = 0, worker: float = 0, scheduler: float = 0,
+              **settings: str) -> None:
+        """The three processes with these skews (seconds) and ``DSH_SCHEDULE_<NAME>``
+        settings beside the test timings."""
+        self.env.update({f"DSH_SCHEDULE_{name}": value for name, value in settings.items()})
         for name, skew in (("host", host), ("worker", worker), ("scheduler", scheduler)):
             args = ("host", SESSION) if name == "host" else (name,)
             self.procs.spawn(name, *args, env={SKEW_ENV: str(skew)} if skew else None)
@@ -180,8 +184,9 @@ def run(tmp_path: Path, redis_server: RedisServer) -> Iterator[SkewRun]:
 def test_a_worker_30_s_ahead_dispatches_nothing_early_by_true_time(run: SkewRun) -> None:
     # given one-shots due 15, 23 and 31 s from now by the true clock
     run.write_session(15, 23, 31)
-    # when the worker's wall clock runs 30 s ahead (the host and the scheduler are right)
-    run.start(worker=30)
+    # when the worker's wall clock runs 30 s ahead (the host and the scheduler are right),
+    # within the lease's TTL (the default's)
+    run.start(worker=30, LEASE_TTL="60", LEASE_RENEW="20")
     # then each is delivered once, none dispatched before its target by the true clock,
     # and each dispatch record carries the true time it was decided at
     assert wait_until(run.delivered_all, timeout=90, interval=0.5), run.context()
