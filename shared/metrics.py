@@ -19,8 +19,9 @@ Each process exports what it measures:
   each reconcile pass), from what the pass reads anyway plus one ``ZCARD`` and an ``XLEN``
   per non-empty followup stream, and
   ``dsh_schedule_last_pass_timestamp_seconds{loop="mover"|"reconcile"}``;
-- every process: ``dsh_schedule_redis_errors_total`` and ``dsh_schedule_clock_skew_seconds``
-  (its wall clock minus Redis's, at its last measurement: docs/decisions.md#one-clock-for-every-decision).
+- every process: ``dsh_schedule_redis_errors_total``, and once it has read Redis's clock
+  ``dsh_schedule_clock_skew_seconds`` (its wall clock minus Redis's, at its last
+  measurement: docs/decisions.md#one-clock-for-every-decision).
 
 ``dsh_schedule_redis_errors_total`` exists from the start in every process (at zero);
 every other metric appears once its process first records it, so no process exports a

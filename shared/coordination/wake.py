@@ -8,7 +8,8 @@ millisecond (``target_ms / 1000`` epoch seconds). Arming happens under the per-a
 (``WakeProjection.rearm``). A wake id that may be queued or running is never re-scheduled
 (rq's success handling would overwrite or delete it): a new id is used instead. The mover
 (``PrefixedScheduler``) hands a wake on only once its target has come on the clock every
-process shares (Redis's, ``coordination.clock``), never before, in batched ``wake_batch`` jobs shared among a queue's workers.
+process shares (Redis's, ``coordination.clock``), never before, in batched ``wake_batch``
+jobs shared among a queue's workers.
 Immediate wakes (a new lease, a released phase, a rebuild) are plain rq jobs with rq's own
 ids. What a wake is to rq (its job functions, id, score and batches) is shared by the
 arming side, the mover and the worker.
