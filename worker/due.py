@@ -29,6 +29,7 @@ from rq.timeouts import JobTimeoutException
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
 from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
@@ -51,11 +52,6 @@ from dsh_schedule.worker.retry import RETRIED, WakeRetries
 log = logging.getLogger(__name__)
 
 MAX_ROUNDS: Final = 64
-# A lease counts as expired here only this long after its expiry: two processes' readings
-# of the shared clock differ by up to a round trip, and a wake that found its agent not
-# live must be sure the host's next renewal finds the lease expired too, and installs
-# (and wakes) the agent again (docs/decisions.md#one-clock-for-every-decision).
-LIVE_SLACK_MS: Final = 1000
 
 
 class Stage(Enum):

@@ -43,6 +43,11 @@ REFRESH_S: Final = 60.0  # how often a process measures Redis's clock again
 RETRY_S: Final = 5.0  # after a failed measurement, the next try waits this long
 # A skew report older than this names a process that stopped measuring (gone).
 REPORT_FRESH_MS: Final = int(3 * REFRESH_S * 1000)
+# A wake or a re-arm counts a lease expired only this long after its expiry: two
+# processes' readings of the shared clock differ by up to a round trip, and one that
+# finds an agent not live must be sure its host's next renewal finds the lease expired
+# too, and installs (and wakes) the agent again.
+LIVE_SLACK_MS: Final = 1000
 
 
 class SkewReport(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -31,6 +31,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
+from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
 from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
@@ -409,7 +410,7 @@ class WakeProjection:
         for (agent, target_ms), (score, queue, oldest), fact in zip(
                 targets, leases, all_facts, strict=True):
             found = self._leases.live_queue_reply(None if score is None else float(score),
-                                                 queue, now_ms=now_ms)
+                                                 queue, now_ms=now_ms - LIVE_SLACK_MS)
             if found is None:
                 continue  # not live: nothing is armed
             requests.append(ArmRequest(agent, target_ms, found))
