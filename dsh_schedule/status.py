@@ -30,6 +30,7 @@ import redis
 from rq import Queue, Worker
 
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.clock import skew_note
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
 from dsh_schedule.shared.settings import Settings
@@ -259,8 +260,9 @@ def check_health(
                 f"queue {queue!r} has no worker" if live is None
                 else f"queue {queue!r} has {live} live agent(s) and no worker"
             )
+    clocks = skew_note(client, coord.keys, now_ms=now_ms)  # said, never unhealthy
     if problems or heartbeat is None:
-        return Health(ok=False, reason="; ".join(problems))
+        return Health(ok=False, reason="; ".join(problems) + clocks)
     if not wanted:
         workers = "no queue has live agents"
     else:
@@ -268,7 +270,8 @@ def check_health(
         workers = f"{names} {'has' if len(wanted) == 1 else 'have'} a worker"
     return Health(
         ok=True,
-        reason=f"the scheduler heartbeat is {heartbeat.age_seconds:.1f} s old; {workers}",
+        reason=f"the scheduler heartbeat is {heartbeat.age_seconds:.1f} s old; {workers}"
+        + clocks,
     )
 
 

@@ -32,7 +32,6 @@ import redis
 
 from dsh_schedule import status
 from dsh_schedule.shared import metrics
-from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
@@ -355,7 +354,7 @@ class SchedulerLoop:
         next_due = self._coord.wakes.next_due_ms
         if next_due is None:
             return interval, False
-        until_due = (next_due - wall_clock_ms()) / 1000
+        until_due = (next_due - self._coord.clock()) / 1000
         if until_due >= interval:
             return interval, False
         return max(MIN_PAUSE_S, until_due), True
@@ -367,7 +366,7 @@ class SchedulerLoop:
             return
         every_s = max(status.HEARTBEAT_EVERY_S, self._settings.mover_interval_s)
         status.write_heartbeat(self._coord.client, self._coord.keys, every_s=every_s,
-                               now_ms=wall_clock_ms())
+                               now_ms=self._coord.clock())
         self._next_beat = now + status.HEARTBEAT_EVERY_S
 
     def _recover(self) -> None:
@@ -379,7 +378,7 @@ class SchedulerLoop:
         recover_dead_workers(self._coord)
 
     def _reconcile(self) -> None:
-        now_ms = wall_clock_ms()
+        now_ms = self._coord.clock()
         if self._rebuild_next:
             report = self._reconciler.rebuild(now_ms=now_ms)
             self._rebuild_next = False

@@ -19,7 +19,9 @@ Each process exports what it measures:
   each reconcile pass), from what the pass reads anyway plus one ``ZCARD`` and an ``XLEN``
   per non-empty followup stream, and
   ``dsh_schedule_last_pass_timestamp_seconds{loop="mover"|"reconcile"}``;
-- every process: ``dsh_schedule_redis_errors_total``.
+- every process: ``dsh_schedule_redis_errors_total``, and once it has read Redis's clock
+  ``dsh_schedule_clock_skew_seconds`` (its wall clock minus Redis's, at its last
+  measurement: docs/decisions.md#one-clock-for-every-decision).
 
 ``dsh_schedule_redis_errors_total`` exists from the start in every process (at zero);
 every other metric appears once its process first records it, so no process exports a
@@ -87,6 +89,9 @@ class Metrics:
 
     def scheduled_wakes(self, count: int) -> None:
         """Entries in the wake schedule, as the last rebuild or reconcile pass found them."""
+
+    def clock_skew(self, seconds: float) -> None:
+        """This process's wall clock minus Redis's, at its last measurement."""
 
     def followups_pending(self, count: int) -> None:
         """Followup entries in live agents' streams, as the last reconcile pass found them."""
@@ -164,6 +169,9 @@ class PrometheusMetrics(Metrics):
 
     def followups_pending(self, count: int) -> None:
         self._metric("followups_pending").set(count)
+
+    def clock_skew(self, seconds: float) -> None:
+        self._metric("clock_skew").set(seconds)
 
     def _metric(self, key: str) -> Any:
         metric = self._made.get(key)
@@ -254,6 +262,11 @@ def _definitions() -> dict[str, Callable[[CollectorRegistry], Any]]:
         "scheduled_wakes": gauge(
             "dsh_schedule_scheduled_wakes",
             "Entries in the wake schedule, at the last rebuild or reconcile pass.",
+        ),
+        "clock_skew": gauge(
+            "dsh_schedule_clock_skew_seconds",
+            "This process's wall clock minus Redis's clock, at its last measurement; "
+            "every decision about time reads Redis's clock.",
         ),
         "followups_pending": gauge(
             "dsh_schedule_followups_pending",

@@ -59,6 +59,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # How often a host checks the generation marker and retries owed re-arms
     # (docs/architecture.md#the-generation-marker).
     generation_check_s: float = 1.0
+    # A process whose wall clock is further than this off Redis's says so once (log,
+    # metric, health); its decisions read Redis's clock whatever it says
+    # (docs/decisions.md#one-clock-for-every-decision).
+    max_clock_skew_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.store is not None and not _is_database_url(self.store):

@@ -121,17 +121,24 @@ class Processes:
         self.env = env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.commands: dict[str, list[str]] = {}
+        self.extra_env: dict[str, dict[str, str]] = {}
         self.logs: dict[str, list[Path]] = {}
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *args: str,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``dsh-schedule <args>`` as ``name``; ``env`` adds to the shared
+        environment for this name (kept for ``restart``)."""
         self.commands[name] = list(args)
+        if env is not None:
+            self.extra_env[name] = env
         logs = self.logs.setdefault(name, [])
         log_path = self.root / f"{name}-{len(logs)}.log"
         logs.append(log_path)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "dsh_schedule", *args],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                env={**self.env, **self.extra_env.get(name, {})}, stdout=log,
+                stderr=subprocess.STDOUT,
             )
         self.procs[name] = proc
         return proc
@@ -152,9 +159,12 @@ class Processes:
         if self.procs[name].poll() is None:
             self.procs[name].send_signal(sig)
 
-    def run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        """One ``dsh-schedule`` command to completion, output captured."""
-        return subprocess.run([sys.executable, "-m", "dsh_schedule", *args], env=self.env,
+    def run(self, *args: str, timeout: float = 60.0,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """One ``dsh-schedule`` command to completion, output captured; ``env`` adds to
+        the shared environment."""
+        return subprocess.run([sys.executable, "-m", "dsh_schedule", *args],
+                              env={**self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout)
 
     def dead(self) -> dict[str, int]:

@@ -29,6 +29,7 @@ from rq.timeouts import JobTimeoutException
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
 from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
@@ -180,10 +181,12 @@ class DueOwner:
     def _wake_live(self, targets: dict[str, int | None]) -> dict[str, WakeOutcome]:
         """The live agents' transactions, their free locks taken together, then each busy
         one alone, waiting for its lock; the others are not live."""
-        live = set(self._coord.leases.live_among(list(targets), now_ms=self._clock()))
+        live = set(self._coord.leases.live_among(list(targets),
+                                                 now_ms=self._clock() - LIVE_SLACK_MS))
         outcomes = {agent: WakeOutcome.NOT_LIVE for agent in targets if agent not in live}
         for agent in outcomes:
-            log.debug("wake for %s: not live", agent)
+            log.info("wake for %s: not live (no host holds a valid lease on it); the host "
+                     "that installs it again wakes it", agent)
         order = [agent for agent in targets if agent in live]
         timed = [(target, agent) for agent in order if (target := targets[agent]) is not None]
         if timed:
@@ -205,11 +208,12 @@ class DueOwner:
         target by this worker's clock; one further away goes on, finds nothing due and
         re-arms.
 
-        The mover hands a wake on only once its exact target has come on the scheduler's
-        clock (docs/architecture.md#wake-projection), so while the clocks agree this never
-        sleeps. It is there for clock skew between the scheduler's machine and this one:
-        without it, an early wake would re-arm a target the mover already counts as due
-        and come back on every mover pass until the clocks agree. It is never what keeps a
+        The mover hands a wake on only once its exact target has come on the clock every
+        process shares, Redis's (docs/architecture.md#wake-projection), and this worker
+        reads the same clock, so this sleeps at most the few milliseconds by which two
+        processes' readings of it differ (a round trip), or a wake of an injected clock:
+        without it, such a wake would re-arm a target the mover already counts as due and
+        come back on every mover pass. It is never what keeps a
         dispatch from being early: the due decision re-reads the clock under the lock.
         """
         early_ms = target_ms - self._clock()
@@ -381,7 +385,7 @@ class DueOwner:
             return
         try:
             live = set(self._coord.leases.live_among([w.agent for w in held],
-                                                     now_ms=self._clock()))
+                                                     now_ms=self._clock() - LIVE_SLACK_MS))
             for wake in held:
                 if wake.agent not in live:
                     wake.stop(WakeOutcome.NOT_LIVE)

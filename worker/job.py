@@ -25,7 +25,6 @@ import msgspec
 import redis
 from rq import get_current_job
 
-from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.wake import (
     WAKE_BATCH_FUNC,
@@ -56,9 +55,11 @@ def serving(owner: DueOwner) -> Iterator[None]:
 
 
 def build_owner(client: redis.Redis, settings: Settings) -> DueOwner:
-    """The due owner for a deployment's settings, on the wall clock."""
+    """The due owner for a deployment's settings, on the clock every process shares
+    (Redis's)."""
     store = store_from_settings(settings)
-    return DueOwner(store, Coordination(client, settings), settings, clock=wall_clock_ms)
+    coordination = Coordination(client, settings)
+    return DueOwner(store, coordination, settings, clock=coordination.clock)
 
 
 def _owner() -> DueOwner:

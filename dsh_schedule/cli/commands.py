@@ -145,7 +145,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
     client = connect(settings.redis_url) if settings.redis_url else connect_embedded()
     coordination = Coordination(client, settings)
-    tools = ScheduleTools(store, coordination, settings=settings, clock=wall_clock_ms)
+    tools = ScheduleTools(store, coordination, settings=settings, clock=coordination.clock)
     result = tools.call(args.session, args.tool, arguments)
     # A prompt may hold what JSON leaves raw: escaped for a terminal only.
     print(shown_json(result.content, sys.stdout))
@@ -197,7 +197,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.coordination.agents import Coordination
 
     coordination = Coordination(redis.Redis.from_url(url), settings)
-    report = rebuild(coordination, settings, now_ms=wall_clock_ms())
+    report = rebuild(coordination, settings, now_ms=coordination.clock())
     dump({"woken": list(report.woken), "retired": list(report.retired)})
     note = rebuild_note(report, settings)
     if note is not None:

@@ -18,7 +18,6 @@ from dsh_schedule.cli.common import (
     settings_of,
     where,
 )
-from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.terminal import terminal_json, terminal_text
 
@@ -114,10 +113,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     import redis
 
     from dsh_schedule import status
+    from dsh_schedule.shared.coordination.agents import Coordination
 
     settings, client = _ops_client(args, "status")
     try:
-        report = status.read_status(client, settings, now_ms=wall_clock_ms(),
+        now_ms = Coordination(client, settings).clock()  # Redis's, as every process's
+        report = status.read_status(client, settings, now_ms=now_ms,
                                     next_count=args.next)
     except redis.RedisError as exc:
         raise CommandError(f"status: Redis failed while reading ({type(exc).__name__})") from None
@@ -148,8 +149,9 @@ def cmd_health(args: argparse.Namespace) -> int:
     else:
         try:
             # An explicit --queue must have a worker even without live agents.
+            coordination = Coordination(client, settings)
             health = status.check_health(
-                Coordination(client, settings), now_ms=wall_clock_ms(),
+                coordination, now_ms=coordination.clock(),
                 also=[args.queue] if args.queue else [],
             )
         except redis.RedisError as exc:

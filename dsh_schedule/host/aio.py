@@ -51,7 +51,7 @@ from dsh_schedule.host.plugin import (
     SchedulePlugin,
     ToolHandler,
 )
-from dsh_schedule.shared.clock import Clock, wall_clock_ms
+from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import is_embedded
 from dsh_schedule.shared.coordination.lock import LockUnavailable
@@ -161,7 +161,7 @@ class AsyncSchedulePlugin:
         store: SessionStore | None,
         coordination: Coordination | None,
         settings: Settings | None,
-        clock: Clock = wall_clock_ms,
+        clock: Clock | None = None,
         consumer: str | None = None,
         async_client: redis.asyncio.Redis | None = None,
         calendar: bool | None = None,
@@ -175,7 +175,7 @@ class AsyncSchedulePlugin:
         self.settings = settings
         self.coordination = coordination
         self.store = store
-        self.clock = clock
+        self.clock = coordination.clock if clock is None else clock
         self._own_client = False
         if async_client is None and settings.redis_url and not is_embedded(coordination.client):
             async_client = redis.asyncio.Redis.from_url(settings.redis_url)
@@ -183,7 +183,7 @@ class AsyncSchedulePlugin:
         self._client = async_client
         self.tools = AsyncScheduleTools(self.sync.tools)
         self.bridge = AsyncHostBridge(
-            self.sync.bridge, coordination, client=async_client, clock=clock
+            self.sync.bridge, coordination, client=async_client, clock=self.clock
         )
         self._relay = _Relay()
         self.sync.load(self._relay)

@@ -20,7 +20,7 @@ from dsh_schedule import status
 from dsh_schedule.host.bridge import HostBridge
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared import metrics
-from dsh_schedule.shared.clock import Clock, wall_clock_ms
+from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
@@ -106,7 +106,7 @@ class SchedulePlugin:
         store: SessionStore | None,
         coordination: Coordination | None,
         settings: Settings | None,
-        clock: Clock = wall_clock_ms,
+        clock: Clock | None = None,
         consumer: str | None = None,
         calendar: bool | None = None,
     ) -> None:
@@ -118,6 +118,8 @@ class SchedulePlugin:
             raise CompositionError("the Schedule plugin needs its settings")
         self.settings = settings
         self._coord = coordination
+        # Redis's clock, which every process shares, unless a clock is injected.
+        clock = coordination.clock if clock is None else clock
         self._clock = clock
         owed = OwedRearms()  # the re-arms and wakes Redis failed, retried by check_redis
         self.tools = ScheduleTools(store, coordination, settings, clock, calendar=calendar,

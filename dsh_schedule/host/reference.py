@@ -26,7 +26,7 @@ import redis
 from dsh_schedule.host.bridge import TurnBusy
 from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.plugin import AgentHandle, AgentWithTools, SchedulePlugin, ToolHandler
-from dsh_schedule.shared.clock import Clock, wall_clock_ms
+from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
@@ -86,7 +86,7 @@ class ReferenceHost:
         coordination: Coordination,
         settings: Settings,
         *,
-        clock: Clock = wall_clock_ms,
+        clock: Clock | None = None,
         on_delivery: Callable[[str, Delivery], None] | None = None,
         consumer: str | None = None,
     ) -> None:
@@ -96,7 +96,8 @@ class ReferenceHost:
         self.store = store
         self.coordination = coordination
         self.settings = settings
-        self.clock = clock
+        # Redis's clock, which every process shares, unless a clock is injected.
+        self.clock = clock = coordination.clock if clock is None else clock
         self.registry = AgentRegistry()
         self.plugin = SchedulePlugin(
             store=store, coordination=coordination, settings=settings, clock=clock,

@@ -97,10 +97,13 @@ def _session_id_ok(text: str) -> bool:
 
 
 class Console:
-    def __init__(self, settings: Settings, *, clock: Callable[[], int] = wall_clock_ms,
+    def __init__(self, settings: Settings, *, clock: Callable[[], int] | None = None,
                  step_s: float = STEP_S) -> None:
+        """``clock``: an injected clock; by default Redis's, which every process shares
+        (the wall clock on the embedded Redis)."""
         self.settings = settings
-        self.clock = clock
+        injected = clock
+        self.clock = clock = wall_clock_ms if injected is None else injected
         self.step_s = step_s
         self.store = store_from_settings(settings)
         self.embedded = not settings.redis_url
@@ -108,6 +111,8 @@ class Console:
         if settings.redis_url:
             self.client: redis.Redis = redis.Redis.from_url(settings.redis_url)
             self.coordination = Coordination(self.client, settings)
+            if injected is None:
+                self.clock = clock = self.coordination.clock
             self.host = ReferenceHost(self.store, self.coordination, settings, clock=clock,
                                       on_delivery=self._delivered)
             self._status_client: redis.Redis = redis.Redis.from_url(

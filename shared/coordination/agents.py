@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import redis
 
+from dsh_schedule.shared.coordination.clock import SharedClock
 from dsh_schedule.shared.coordination.followups import Followups
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
@@ -25,11 +26,13 @@ from dsh_schedule.shared.settings import Settings
 
 class Coordination:
     """Locks, phase, leases, followups, wakes and worker liveness under one key
-    prefix."""
+    prefix, and the clock every process shares (``clock``: Redis's, read on first use)."""
 
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.client = client
         self.keys = Keys(settings.prefix)
+        self.clock = SharedClock(client, self.keys,
+                                 max_skew_ms=int(settings.max_clock_skew_s * 1000))
         self.locks = AgentLocks(client, self.keys, ttl_s=settings.lock_ttl_s)
         self.phase = AgentPhase(client, self.keys)
         self.leases = Leases(client, self.keys, default_queue=settings.queue)
@@ -38,7 +41,8 @@ class Coordination:
         self.followup_stale_ms = int(settings.followup_stale_s * 1000)
         self.wakes = WakeProjection(client, self.keys, leases=self.leases,
                                     followups=self.followups,
-                                    followup_stale_ms=self.followup_stale_ms)
+                                    followup_stale_ms=self.followup_stale_ms,
+                                    clock=self.clock)
 
     def rearm(
         self, agent: str, state: FoldState, now_ms: int, *, release: HeldLock | None = None

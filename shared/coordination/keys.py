@@ -102,3 +102,8 @@ class Keys:
     def scheduler_reconcile(self) -> str:
         """STRING with a TTL: a summary of the last rebuild or reconcile pass (JSON)."""
         return f"{self.prefix}scheduler:last-reconcile"
+
+    def clock_skew(self) -> str:
+        """HASH process name -> its last clock-skew report, while its wall clock is off
+        Redis's by more than the bound (``coordination.clock``)."""
+        return f"{self.prefix}clock-skew"

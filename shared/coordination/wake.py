@@ -7,8 +7,9 @@ next decision time on the queue beside its session store, scored at that time's 
 millisecond (``target_ms / 1000`` epoch seconds). Arming happens under the per-agent lock
 (``WakeProjection.rearm``). A wake id that may be queued or running is never re-scheduled
 (rq's success handling would overwrite or delete it): a new id is used instead. The mover
-(``PrefixedScheduler``) hands a wake on only once its target has come on the mover's
-clock, never before, in batched ``wake_batch`` jobs shared among a queue's workers.
+(``PrefixedScheduler``) hands a wake on only once its target has come on the clock every
+process shares (Redis's, ``coordination.clock``), never before, in batched ``wake_batch``
+jobs shared among a queue's workers.
 Immediate wakes (a new lease, a released phase, a rebuild) are plain rq jobs with rq's own
 ids. What a wake is to rq (its job functions, id, score and batches) is shared by the
 arming side, the mover and the worker.
@@ -29,7 +30,8 @@ from rq import Queue, worker_registration
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
-from dsh_schedule.shared.clock import wall_clock_ms
+from dsh_schedule.shared.clock import Clock, wall_clock_ms
+from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
 from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
@@ -168,8 +170,9 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
     it. ``enqueue_jobs()`` is that pass at the wall clock.
     """
 
-    def __init__(self, keys: Keys, **kwargs: Any) -> None:
+    def __init__(self, keys: Keys, *, clock: Clock = wall_clock_ms, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.clock = clock
         self.scheduled_jobs_key = keys.scheduled_jobs()
         self.scheduler_lock_key = keys.scheduler_lock()
         self.scheduler_key = keys.scheduler()
@@ -179,8 +182,8 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self._workers: dict[str, tuple[float, int]] = {}  # queue -> (read at, count)
 
     def enqueue_jobs(self) -> int:
-        """rq-scheduler's pass, made exact: ``move_due`` at the wall clock."""
-        return self.move_due(wall_clock_ms())
+        """rq-scheduler's pass, made exact: ``move_due`` at the shared clock."""
+        return self.move_due(self.clock())
 
     def move_due(self, now_ms: int) -> int:
         """Hand on every job scored at or before ``now_ms``; how many were handed on.
@@ -349,7 +352,8 @@ class WakeProjection:
     """Arms, moves and reads the wakes of one deployment's agents."""
 
     def __init__(self, client: redis.Redis, keys: Keys, *, leases: Leases,
-                 followups: Followups, followup_stale_ms: int) -> None:
+                 followups: Followups, followup_stale_ms: int,
+                 clock: Clock = wall_clock_ms) -> None:
         self._client = client
         self._keys = keys
         self._leases = leases
@@ -357,7 +361,7 @@ class WakeProjection:
         self._followup_stale_ms = followup_stale_ms
         # rq-scheduler's mover lock expires ``interval + 10`` s after it was taken: a
         # scheduler that dies holding it stalls the others' movers no longer than that.
-        self.scheduler = PrefixedScheduler(keys, connection=client, interval=1)
+        self.scheduler = PrefixedScheduler(keys, connection=client, interval=1, clock=clock)
 
     def current(self, agent: str) -> str | None:
         value = self._client.get(self._keys.current_wake(agent))
@@ -406,7 +410,7 @@ class WakeProjection:
         for (agent, target_ms), (score, queue, oldest), fact in zip(
                 targets, leases, all_facts, strict=True):
             found = self._leases.live_queue_reply(None if score is None else float(score),
-                                                 queue, now_ms=now_ms)
+                                                 queue, now_ms=now_ms - LIVE_SLACK_MS)
             if found is None:
                 continue  # not live: nothing is armed
             requests.append(ArmRequest(agent, target_ms, found))
@@ -607,12 +611,13 @@ class WakeProjection:
 
     def move_due(self, now_ms: int | None = None) -> int:
         """One mover pass: hand every wake whose target is at or before ``now_ms`` (default:
-        the wall clock) to its queue, and none whose target is later; how many it moved.
+        the clock every process shares, Redis's) to its queue, and none whose target is
+        later; how many it moved.
 
-        ``now_ms`` replaces the wall clock (in-process runs on an injected clock). The
+        ``now_ms`` replaces the shared clock (in-process runs on an injected clock). The
         comparison is to the millisecond, so a wake is never handed on early.
         """
-        return self.scheduler.move_due(wall_clock_ms() if now_ms is None else now_ms)
+        return self.scheduler.move_due(self.scheduler.clock() if now_ms is None else now_ms)
 
     @property
     def next_due_ms(self) -> int | None:

@@ -1,6 +1,9 @@
 """Chaos under real processes: two ``dsh-schedule host``s serving the same sessions, two
 ``worker``s and a ``scheduler`` on a Redis this test starts, while a seeded random plan
-SIGKILLs and restarts each kind of process, pauses a worker past its lock's time to live
+SIGKILLs and restarts each kind of process, runs them on skewed wall clocks (a seeded
+share of -90, -30, 0, +30 and +90 s among the two hosts, the two workers and the scheduler,
+through the test-only ``DSH_SCHEDULE_TEST_CLOCK_SKEW``; the tool calls take the first
+host's), pauses a worker past its lock's time to live
 and the host and the scheduler past theirs, takes Redis down for half a minute (back
 empty, with no manual ``dsh-schedule rebuild``), makes Redis refuse every write for a
 while (OOM or NOREPLICAS error replies) and fills the sessions' disk for a while (a small
@@ -13,7 +16,9 @@ At the end, read from the session logs by their format alone
 (docs/architecture.md#schedule-records): every one-shot in a log and not deleted there is
 delivered exactly once and has exactly one dispatch record; a deleted one has neither;
 each fixed-rate reminder's one occurrence in the run is dispatched and delivered once; no
-dispatch is decided before its record's target and no delivery comes before its dispatch;
+dispatch is decided before its record's target and no delivery comes before its dispatch,
+neither by the times the log records nor by when the test first saw the dispatch (true
+time: Redis runs on this machine);
 every tool call's answer is true of the log; no process exited on its own; and every log
 passes ``dsh-schedule check``.
 
@@ -41,6 +46,7 @@ from typing import Any
 
 import pytest
 
+from dsh_schedule.shared.clock import SKEW_ENV
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import format_instant, parse_instant
@@ -78,6 +84,7 @@ SETTLE_S = 45  # after the last due time: room for expired locks, claims and rec
 DUPLICATE_WATCH_S = 5  # a second delivery would show up in this time
 HOSTS = ("host-a", "host-b")
 WORKERS = ("worker-a", "worker-b")
+SKEWS_S = (-90, -30, 0, 30, 90)  # wall-clock skews, shared out among the processes
 REDIS_DOWN_S = (28.0, 32.0)
 WINDOW_S = (9.0, 11.0)  # an error-reply or full-disk window lasts this long
 DISK_MB = 64  # the sessions' tmpfs
@@ -291,6 +298,21 @@ class Run:
         self._killing: set[str] = set()
         self.answers: list[Answer] = []
         self.calls_done = threading.Event()
+        names = [*HOSTS, *WORKERS, "scheduler"]
+        skews = list(SKEWS_S)
+        self.rng.shuffle(skews)
+        self.skews: dict[str, int] = dict(zip(names, skews, strict=True))
+        # (session, id, seq) -> when the test first saw the dispatch, true epoch ms
+        self.first_seen: dict[tuple[str, str, int], int] = {}
+        self._last_look = 0.0
+
+    def skew_env(self, name: str) -> dict[str, str]:
+        """The test-only wall-clock skew of the process ``name``."""
+        skew = self.skews[name]
+        return {SKEW_ENV: str(skew)} if skew else {}
+
+    def spawn(self, name: str, *args: str) -> None:
+        self.procs.spawn(name, *args, env=self.skew_env(name))
 
     def note(self, text: str) -> None:
         self.timeline.append(f"{time.monotonic() - self.started:6.1f}s {text}")
@@ -308,8 +330,34 @@ class Run:
             time.sleep(min(0.5, left))
         self.watch()
 
+    def look_at_dispatches(self) -> None:
+        """Note, by the true clock, the dispatches that showed up since the last look (at
+        most once a second)."""
+        if time.monotonic() - self._last_look < 1.0:
+            return
+        self._last_look = time.monotonic()
+        seen = _now_ms()
+        for session in SESSIONS:
+            path = self.store.path(session)
+            if not path.exists():
+                continue
+            for schedule_id, seq, _at, _accepted in LogStory.read(path).dispatches:
+                self.first_seen.setdefault((session, schedule_id, seq), seen)
+
+    def early_by_true_time(self, stories: dict[str, LogStory]) -> list[str]:
+        """Dispatches the test saw before their record's target."""
+        problems = []
+        for (session, schedule_id, seq), seen in sorted(self.first_seen.items()):
+            target = parse_instant(stories[session].creates[schedule_id]["scheduledAt"])
+            if seen < target:
+                problems.append(f"{session} {schedule_id} dispatched (seq {seq}) and seen"
+                                f" {target - seen} ms before its target by true time")
+        return problems
+
     def watch(self) -> None:
-        """Record each process that exited without the plan killing it."""
+        """Record each process that exited without the plan killing it; note new
+        dispatches."""
+        self.look_at_dispatches()
         for name, proc in list(self.procs.procs.items()):
             code = proc.poll()
             if code is None or name in self._killing or proc.pid in self._seen_dead:
@@ -381,7 +429,8 @@ class Run:
     def call(self, session: str, tool: str, args: dict[str, Any]) -> Answer:
         started = _now_ms()
         try:
-            result = self.procs.run("call", session, tool, json.dumps(args), timeout=60)
+            result = self.procs.run("call", session, tool, json.dumps(args), timeout=60,
+                                    env=self.skew_env(HOSTS[0]))
             returncode, output = result.returncode, result.stdout + result.stderr
             stdout = result.stdout
         except subprocess.TimeoutExpired as exc:
@@ -651,10 +700,12 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
         plan = _plan(run.rng)
         fixed = run.create_sessions(plan)
         for host in HOSTS:
-            run.procs.spawn(host, "host", *SESSIONS)
+            run.spawn(host, "host", *SESSIONS)
         for worker in WORKERS:
-            run.procs.spawn(worker, "worker")
-        run.procs.spawn("scheduler", "scheduler")
+            run.spawn(worker, "worker")
+        run.spawn("scheduler", "scheduler")
+        run.note("wall-clock skews: " + ", ".join(f"{name} {skew:+d} s"
+                                                   for name, skew in run.skews.items()))
         coordination = Coordination(client, Settings.from_env(run.env))
         assert wait_until(lambda: all(coordination.leases.is_live(s, now_ms=_now_ms())
                                       for s in SESSIONS)), run.context()
@@ -688,6 +739,7 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
                                     f" {delivered[schedule_id]}x, dispatched"
                                     f" {dispatched[schedule_id]}x, want {want}")
             problems += [f"{session} {p}" for p in story.ordering_problems()]
+        problems += run.early_by_true_time(stories)
         for session, schedule_id in fixed.items():
             if schedule_id not in stories[session].creates:
                 problems.append(f"{session}: the fixed-rate {schedule_id} is gone")
