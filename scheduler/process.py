@@ -104,18 +104,27 @@ def rebuild_note(report: RebuildReport, settings: Settings) -> str | None:
 def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
     """Remove, under each one's lock, what Redis holds for the agents of every host whose
     lease expired, ``CHECK_BATCH`` agents at a time; then forget the host. One read when
-    no host expired, whatever the number of agents."""
+    no host expired, whatever the number of agents.
+
+    Every agent retired leaves the host's served set here, whatever the hashes say: an
+    agent whose ``agent-host`` entry was lost (a failover that lost a write) is retired
+    like the others instead of being found again for ever. Each agent is tried once a
+    pass, so the pass ends whatever Redis holds."""
     retired: list[str] = []
     leases = coord.leases
     for host in leases.expired_hosts(now_ms=now_ms):
         busy: set[str] = set()
+        tried: set[str] = set()
         while batch := [a for a in leases.served_batch(host, CHECK_BATCH + len(busy))
-                        if a not in busy]:
+                        if a not in tried][:CHECK_BATCH]:
+            tried.update(batch)
             left = set(coord.forget_agents(batch, lock_wait_s=settings.tool_lock_wait_s))
             for agent in left:
                 log.info("could not retire %s now; the next pass retries", agent)
             busy |= left
-            retired.extend(a for a in batch if a not in left)
+            done = [a for a in batch if a not in left]
+            leases.leave_served(host, done)
+            retired.extend(done)
         if not busy and leases.forget_host(host, now_ms=now_ms):
             log.info("host %s: its lease expired; its agents are retired", host)
     return retired

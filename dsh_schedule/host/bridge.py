@@ -33,7 +33,7 @@ from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
 from dsh_schedule.shared.coordination.generation import GenerationMarker
-from dsh_schedule.shared.coordination.leases import INSTALL_BATCH
+from dsh_schedule.shared.coordination.leases import INSTALL_BATCH, agent_digest
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.owed import OwedRearms
@@ -71,6 +71,7 @@ class HostBridge:
                                   consumer=self.consumer)
         self._state = threading.Lock()
         self._served: dict[str, None] = {}  # insertion-ordered
+        self._digest = 0  # agent_digest of every served agent, XORed
         self._generation = GenerationMarker(coordination.client, coordination.keys)
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
         self._cursor: str | None = None  # the last id read from the ready stream
@@ -110,7 +111,9 @@ class HostBridge:
         whatever its stream holds. Within ``installing_many`` the install itself waits
         for the end of the block (and False is returned)."""
         with self._state:
-            self._served[agent] = None
+            if agent not in self._served:
+                self._served[agent] = None
+                self._digest ^= agent_digest(agent)
             deferred = self._deferred
             if deferred is not None:
                 deferred.append(agent)
@@ -150,12 +153,21 @@ class HostBridge:
         (docs/architecture.md#leases). When the lease had expired (the reconcile pass may
         have retired its agents), every agent is installed again; when the served set
         holds fewer agents than this host serves, the missing ones are (an agent another
-        host took over meanwhile is served here no more). Returns the agents whose lease
-        was new: they are woken together and named by ``ready`` once more."""
+        host took over meanwhile is served here no more); when the digest of the entries
+        naming this host differs from its own (an entry lost), every agent's entries are
+        looked at and written again. Returns the agents whose lease was new: they are
+        woken together and named by ``ready`` once more."""
         renewal = self._coord.leases.renew_host(
             self.host, now_ms=self._clock(), ttl_s=self._settings.lease_ttl_s)
-        served = self.served
+        with self._state:
+            served, digest = list(self._served), self._digest
         first, self._held = not self._held, True
+        if renewal.was_valid and renewal.digest != digest:
+            log.warning("the lease entries of host %s differ from the %d agent(s) it "
+                        "serves; writing them again", self.host, len(served))
+            new = self._install_again(self._not_moved(served))
+            self._coord.leases.reset_digest(self.host, self.digest)
+            return new
         if renewal.was_valid and renewal.served >= len(served):
             return []
         if renewal.was_valid:
@@ -166,6 +178,13 @@ class HostBridge:
             log.warning("the lease of host %s had expired; installing its %d agent(s) "
                         "again", self.host, len(served))
         return self._install_again(served)
+
+    @property
+    def digest(self) -> int:
+        """The digest of the agents this host serves (``agent_digest`` XORed), which the
+        host digest in Redis matches while no entry of theirs was lost."""
+        with self._state:
+            return self._digest
 
     def check_generation(self) -> list[str]:
         """Check the generation marker (one command): when Redis lost its data since the
@@ -211,21 +230,36 @@ class HostBridge:
             batch = agents[start : start + INSTALL_BATCH]
             missing.extend(a for a, here in zip(batch, leases.served_here(self.host, batch),
                                                 strict=True) if not here)
-        hosts = leases.hosts_of(missing, now_ms=self._clock())
-        moved = [a for a, host in zip(missing, hosts, strict=True)
+        return self._not_moved(missing)
+
+    def _not_moved(self, agents: list[str]) -> list[str]:
+        """The agents of ``agents`` that no other live host serves; those another host
+        serves now are served here no more (one round trip per ``INSTALL_BATCH``)."""
+        leases = self._coord.leases
+        hosts: list[str | None] = []
+        for start in range(0, len(agents), INSTALL_BATCH):
+            hosts.extend(leases.hosts_of(agents[start : start + INSTALL_BATCH],
+                                         now_ms=self._clock()))
+        moved = [a for a, host in zip(agents, hosts, strict=True)
                  if host is not None and host != self.host]
         if moved:
             log.info("%d agent(s) are served by another host now: %s", len(moved),
                      _named(moved))
             self._stop_serving(moved)
         gone = set(moved)
-        return [a for a in missing if a not in gone]
+        return [a for a in agents if a not in gone]
 
     def _stop_serving(self, agents: Sequence[str]) -> None:
         with self._state:
             for agent in agents:
-                self._served.pop(agent, None)
-                self._due.pop(agent, None)
+                self._unserve(agent)
+
+    def _unserve(self, agent: str) -> None:
+        """Serve the agent no more (hold ``_state``)."""
+        if agent in self._served:
+            del self._served[agent]
+            self._digest ^= agent_digest(agent)
+        self._due.pop(agent, None)
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown).
@@ -240,8 +274,7 @@ class HostBridge:
         expired, so the reconcile pass retires them."""
         with self._state:
             for agent in agents:
-                self._served.pop(agent, None)
-                self._due.pop(agent, None)
+                self._unserve(agent)
         left = self._coord.forget_agents(agents, lock_wait_s=self._settings.tool_lock_wait_s)
         if left:
             self._coord.leases.install(f"{self.host}:disposed", left, self.queue,

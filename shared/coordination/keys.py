@@ -40,6 +40,11 @@ class Keys:
         """HASH agent -> the rq queue beside the agent's session store."""
         return f"{self.prefix}lease-queue"
 
+    def host_digest(self) -> str:
+        """HASH host -> the XOR of a 32-bit hash of every agent whose ``agent-host`` entry
+        names it, kept by the scripts that write those entries (docs/architecture.md#leases)."""
+        return f"{self.prefix}host-digest"
+
     def generation(self) -> str:
         """STRING: a token written once; a Redis without it has lost data
         (docs/architecture.md#the-generation-marker)."""
