@@ -56,6 +56,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # How often a host checks the generation marker and retries owed re-arms
     # (docs/architecture.md#the-generation-marker).
     generation_check_s: float = 1.0
+    # A host's watchdog looks at an agent whose due moment passed this long ago and repairs
+    # what Redis lost of it when something is still overdue
+    # (docs/architecture.md#repairing-lost-keys).
+    repair_after_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_prompt_bytes <= MAX_PROMPT_BYTES_CEILING:

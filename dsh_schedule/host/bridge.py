@@ -29,11 +29,16 @@ from contextlib import contextmanager
 import redis
 
 from dsh_schedule.host.gate import Delivery, DeliveryGate, DeliveryRound
+from dsh_schedule.host.watchdog import Watchdog
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
 from dsh_schedule.shared.coordination.generation import GenerationMarker
-from dsh_schedule.shared.coordination.leases import INSTALL_BATCH, agent_digest
+from dsh_schedule.shared.coordination.leases import (
+    DIGEST_MODULUS,
+    INSTALL_BATCH,
+    agent_digest,
+)
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.owed import OwedRearms
@@ -71,8 +76,11 @@ class HostBridge:
                                   consumer=self.consumer)
         self._state = threading.Lock()
         self._served: dict[str, None] = {}  # insertion-ordered
-        self._digest = 0  # agent_digest of every served agent, XORed
+        self._digest = 0  # the sum of every served agent's agent_digest, modulo 2^48
         self._generation = GenerationMarker(coordination.client, coordination.keys)
+        # The next due moment of each served agent; lost keys repaired once one is overdue.
+        self.watchdog = Watchdog(store, clock=clock, repair_after_s=settings.repair_after_s,
+                                 misplaced=self.misplaced, repair=self.repair)
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
         self._cursor: str | None = None  # the last id read from the ready stream
         self._deferred: list[str] | None = None  # wakes ``installing_many`` holds back
@@ -113,7 +121,7 @@ class HostBridge:
         with self._state:
             if agent not in self._served:
                 self._served[agent] = None
-                self._digest ^= agent_digest(agent)
+                self._digest = (self._digest + agent_digest(agent)) % DIGEST_MODULUS
             deferred = self._deferred
             if deferred is not None:
                 deferred.append(agent)
@@ -126,6 +134,7 @@ class HostBridge:
             ttl_s=settings.lease_ttl_s))
         self._held = True
         if new:
+            self.watchdog.watch([agent], self._clock())
             self._wake([agent])
         return new
 
@@ -181,7 +190,7 @@ class HostBridge:
 
     @property
     def digest(self) -> int:
-        """The digest of the agents this host serves (``agent_digest`` XORed), which the
+        """The digest of the agents this host serves (their ``agent_digest`` summed): the
         host digest in Redis matches while no entry of theirs was lost."""
         with self._state:
             return self._digest
@@ -204,9 +213,52 @@ class HostBridge:
             ttl_s=settings.lease_ttl_s)
         self._held = True
         if new:
+            self.watchdog.watch(new, self._clock())
             self._wake(new)
             self._resync(new)
         return new
+
+    def repair(self, agents: list[str]) -> None:
+        """Repair what Redis lost of agents whose reminders are overdue (the watchdog's
+        finding): their lease entries written again, each woken (the wake re-arms its
+        reminders and re-projects its followups from its log) and looked at again."""
+        lost = self._lost_keys(agents)
+        log.warning("%d agent(s) with reminders overdue by %g s or more (%s); lost: %s; "
+                    "repairing", len(agents), self._settings.repair_after_s,
+                    _named(agents), ", ".join(f"{kind} {n}" for kind, n in lost.items())
+                    or "nothing seen (a slow worker or host?)")
+        agents = self._not_moved(agents)
+        new = set(self._install_again(agents))
+        rest = [a for a in agents if a not in new]
+        if rest:
+            self._wake(rest)
+            self._resync(rest)
+
+    def misplaced(self, agents: list[str]) -> list[str]:
+        """The agents of ``agents`` whose lease entries do not name this host and its
+        queue (one round trip)."""
+        client, keys = self._coord.client, self._coord.keys
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.agent_host(), agents)
+            pipe.hmget(keys.lease_queue(), agents)
+            hosts, queues = pipe.execute()
+        return [a for a, h, q in zip(agents, hosts, queues, strict=True)
+                if not (_names(h, self.host) and _names(q, self.queue))]
+
+    def _lost_keys(self, agents: list[str]) -> dict[str, int]:
+        """How many of ``agents`` miss each kind of key of their projection (two round
+        trips): what the repair log line says was lost."""
+        client, keys = self._coord.client, self._coord.keys
+        hosts: list[object] = client.hmget(keys.agent_host(), agents)
+        queues: list[object] = client.hmget(keys.lease_queue(), agents)
+        projections = self._coord.projections(agents)
+        lost = {
+            "agent-host": sum(h is None for h in hosts),
+            "lease-queue": sum(q is None for q in queues),
+            "wake": sum(not p.wake_held for p in projections),
+            "followups": sum(p.oldest_followup_ms is None for p in projections),
+        }
+        return {kind: n for kind, n in lost.items() if n}
 
     def _wake(self, agents: list[str]) -> None:
         """Enqueue the wakes new leases need; when Redis fails after the lease was
@@ -258,8 +310,9 @@ class HostBridge:
         """Serve the agent no more (hold ``_state``)."""
         if agent in self._served:
             del self._served[agent]
-            self._digest ^= agent_digest(agent)
+            self._digest = (self._digest - agent_digest(agent)) % DIGEST_MODULUS
         self._due.pop(agent, None)
+        self.watchdog.forget([agent])
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown).
@@ -473,6 +526,11 @@ class HostBridge:
 def _named(agents: Sequence[str]) -> str:
     shown = ", ".join(agents[:3])
     return shown + (f" and {len(agents) - 3} more" if len(agents) > 3 else "")
+
+
+def _names(value: object, text: str) -> bool:
+    """Whether a Redis reply (bytes, or str on a decoding client) is ``text``."""
+    return (value.decode() if isinstance(value, bytes) else value) == text
 
 
 def _stream_id(entry_id: str) -> tuple[int, int]:

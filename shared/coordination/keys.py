@@ -41,8 +41,9 @@ class Keys:
         return f"{self.prefix}lease-queue"
 
     def host_digest(self) -> str:
-        """HASH host -> the XOR of a 32-bit hash of every agent whose ``agent-host`` entry
-        names it, kept by the scripts that write those entries (docs/architecture.md#leases)."""
+        """HASH host -> the sum (modulo 2^48) of a hash of every agent whose ``agent-host``
+        entry names it, kept by the scripts that write those entries
+        (docs/architecture.md#leases)."""
         return f"{self.prefix}host-digest"
 
     def generation(self) -> str:

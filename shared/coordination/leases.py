@@ -27,21 +27,22 @@ from dsh_schedule.shared.coordination.keys import Keys
 
 INSTALL_BATCH: Final = 2_000  # agents per install call (one script call, one round trip)
 
-# The host digest: per host, the XOR of the first 32 bits of the SHA-1 of every agent whose
-# agent-host entry names it, changed in the same script as the entry, so a write Redis lost
-# takes its digest change with it. ``agent_digest`` computes the same on the host's side.
+# The host digest: per host, the sum modulo 2^48 of the ``agent_digest`` of every agent
+# whose agent-host entry names it, changed in the same script as the entry, so a write
+# Redis lost takes its digest change with it. Each agent's share comes from the caller,
+# beside the agent (a double holds these sums exactly).
 _DIGEST = """
-local function digest_flip(hash, host, agent)
-  local h = tonumber(string.sub(redis.sha1hex(agent), 1, 8), 16)
-  local d = bit.bxor(tonumber(redis.call('HGET', hash, host) or '0'), h)
-  if d < 0 then d = d + 4294967296 end
-  if d == 0 then redis.call('HDEL', hash, host) else redis.call('HSET', hash, host, d) end
+local function digest_add(hash, host, share)
+  local d = (tonumber(redis.call('HGET', hash, host) or '0') + share) % 281474976710656
+  if d == 0 then redis.call('HDEL', hash, host)
+  else redis.call('HSET', hash, host, string.format('%.0f', d)) end
 end
 """
 
 # KEYS[1] hosts zset, KEYS[2] agent-host hash, KEYS[3] lease-queue hash, KEYS[4] this
 # host's served set, KEYS[5] the host digest hash; ARGV[1] host, ARGV[2] expiry ms, ARGV[3]
-# now ms, ARGV[4] queue, ARGV[5] the served-set key prefix, ARGV[6..] agents. Renews the
+# now ms, ARGV[4] queue, ARGV[5] the served-set key prefix, ARGV[6..] pairs of an agent and
+# its ``agent_digest``. Renews the
 # host's lease, serves each agent from this host (moving it from the host that served it),
 # and returns the agents that were not live here before: no host, an expired one, another
 # host, or no queue entry (a lost one is written again, and the agent woken).
@@ -51,29 +52,42 @@ local mine = redis.call('ZSCORE', KEYS[1], host)
 local mine_live = mine and tonumber(mine) >= now
 redis.call('ZADD', KEYS[1], ARGV[2], host)
 local new = {}
-for i = 6, #ARGV do
-  local agent = ARGV[i]
+for i = 6, #ARGV, 2 do
+  local agent, share = ARGV[i], tonumber(ARGV[i + 1])
   local old = redis.call('HGET', KEYS[2], agent)
   local is_new = false
   if old ~= host then
     if old then
       redis.call('SREM', served .. old, agent)
-      digest_flip(KEYS[5], old, agent)
+      digest_add(KEYS[5], old, -share)
     end
     redis.call('HSET', KEYS[2], agent, host)
-    digest_flip(KEYS[5], host, agent)
+    digest_add(KEYS[5], host, share)
     is_new = true
   elseif not mine_live or redis.call('SADD', KEYS[4], agent) == 1 then
     is_new = true
   end
   redis.call('SADD', KEYS[4], agent)
-  if redis.call('HGET', KEYS[3], agent) ~= queue then
+  local had = redis.call('HGET', KEYS[3], agent)
+  if had ~= queue then
     redis.call('HSET', KEYS[3], agent, queue)
-    is_new = true
+    if not had then is_new = true end
   end
   if is_new then new[#new + 1] = agent end
 end
 return new
+"""
+
+# KEYS[1] hosts zset, KEYS[2] this host's served set, KEYS[3] the host digest hash;
+# ARGV[1] host, ARGV[2] expiry ms, ARGV[3] now ms. Returns {1 when the host's lease was
+# valid, the size of its served set, its digest}.
+_RENEW_HOST = """
+local old = redis.call('ZSCORE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local valid = 0
+if old and tonumber(old) >= tonumber(ARGV[3]) then valid = 1 end
+return {valid, redis.call('SCARD', KEYS[2]),
+        tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')}
 """
 
 # KEYS[1] hosts zset, KEYS[2] agent-host hash; ARGV[1] now ms, ARGV[2..] agents. Returns,
@@ -93,14 +107,14 @@ return out
 """
 
 # KEYS[1] agent-host hash, KEYS[2] lease-queue hash, KEYS[3] the host digest hash; ARGV[1]
-# the served-set key prefix, ARGV[2..] agents. Ends each agent's lease: it leaves its
-# host's set and digest and both hashes.
+# the served-set key prefix, ARGV[2..] pairs of an agent and its ``agent_digest``. Ends
+# each agent's lease: it leaves its host's set and digest and both hashes.
 _DROP = _DIGEST + """
-for i = 2, #ARGV do
+for i = 2, #ARGV, 2 do
   local host = redis.call('HGET', KEYS[1], ARGV[i])
   if host then
     redis.call('SREM', ARGV[1] .. host, ARGV[i])
-    digest_flip(KEYS[3], host, ARGV[i])
+    digest_add(KEYS[3], host, -tonumber(ARGV[i + 1]))
   end
   redis.call('HDEL', KEYS[1], ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
@@ -121,16 +135,23 @@ return 1
 """
 
 
+DIGEST_MODULUS: Final = 1 << 48
+
+
 def agent_digest(agent: str) -> int:
-    """An agent's share of its host's digest: the first 32 bits of its id's SHA-1, as the
-    lease scripts compute it."""
-    return int.from_bytes(hashlib.sha1(agent.encode()).digest()[:4], "big")
+    """An agent's share of its host's digest: the first 48 bits of its id's SHA-1. A
+    host's digest is the sum of its agents' shares modulo ``DIGEST_MODULUS``."""
+    return int.from_bytes(hashlib.sha1(agent.encode()).digest()[:6], "big")
+
+
+def _with_digests(agents: Sequence[str]) -> list[str | int]:
+    return [x for agent in agents for x in (agent, agent_digest(agent))]
 
 
 class HostRenewal(NamedTuple):
     """One renewal of a host's lease: whether the lease was still valid, how many agents
     Redis holds in its served set, and the digest of the agents whose ``agent-host``
-    entry names it (the XOR of their ``agent_digest``)."""
+    entry names it (the sum of their ``agent_digest``)."""
 
     was_valid: bool
     served: int
@@ -167,7 +188,7 @@ class Leases:
         for start in range(0, max(len(agents), 1), INSTALL_BATCH):
             found: list[Any] = self._install(keys=keys, args=[
                 host, expiry, now_ms, queue, self._keys.served(""),
-                *agents[start : start + INSTALL_BATCH]])
+                *_with_digests(agents[start : start + INSTALL_BATCH])])
             new.extend(_text(m) for m in found)
         return new
 
@@ -312,7 +333,7 @@ class Leases:
             return
         self._drop(keys=[self._keys.agent_host(), self._keys.lease_queue(),
                          self._keys.host_digest()],
-                   args=[self._keys.served(""), *agents])
+                   args=[self._keys.served(""), *_with_digests(agents)])
 
 
 def _text(value: bytes | str) -> str:

@@ -9,6 +9,7 @@ import redis
 from dsh_schedule.shared.coordination.followups import Followups, Pair
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import (
+    DIGEST_MODULUS,
     INSTALL_BATCH,
     HostRenewal,
     Leases,
@@ -125,7 +126,7 @@ def test_renewing_a_host_reports_its_lease_and_its_served_set(
     leases: Leases, redis_client: redis.Redis
 ) -> None:
     leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
-    both = agent_digest(AGENT) ^ agent_digest("agent-2")
+    both = (agent_digest(AGENT) + agent_digest("agent-2")) % DIGEST_MODULUS
     assert leases.renew_host("host-a", now_ms=T0 + 20_000, ttl_s=TTL_S) == HostRenewal(
         was_valid=True, served=2, digest=both)
     # a renewal after the lease ran out says so, and renews it
@@ -202,7 +203,7 @@ def test_lease_keys_are_under_the_prefix(
     written = sorted(k.decode() for k in redis_client.scan_iter(match="*"))
     # an idle agent's lease holds no stream: memory per live agent stays small
     assert written == sorted([keys.hosts(), keys.served("host"), keys.agent_host(),
-                              keys.lease_queue()])
+                              keys.lease_queue(), keys.host_digest()])
 
 
 # -- renewal in batches -------------------------------------------------------------------
