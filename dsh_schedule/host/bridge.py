@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
@@ -249,8 +250,8 @@ class HostBridge:
         """How many of ``agents`` miss each kind of key of their projection (two round
         trips): what the repair log line says was lost."""
         client, keys = self._coord.client, self._coord.keys
-        hosts: list[object] = client.hmget(keys.agent_host(), agents)
-        queues: list[object] = client.hmget(keys.lease_queue(), agents)
+        hosts: list[Any] = client.hmget(keys.agent_host(), agents)
+        queues: list[Any] = client.hmget(keys.lease_queue(), agents)
         projections = self._coord.projections(agents)
         lost = {
             "agent-host": sum(h is None for h in hosts),

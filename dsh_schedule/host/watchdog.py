@@ -23,7 +23,7 @@ from typing import Final
 
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.core.delivered import LedgerView
-from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, gate_opens_ms, due_decision
+from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, due_decision, gate_opens_ms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.instant import parse_instant

@@ -141,9 +141,9 @@ class Followups:
 
     def announce_many(self, agents: Sequence[str]) -> None:
         """Announce each agent on the ready stream of the queue its lease names (a lost
-        queue entry: the default queue, where its wakes go too): one round trip looks up the queues, one more announces them all
-        (one script call). An agent whose lease moved in between is announced again where
-        it names now."""
+        queue entry: the default queue, where its wakes go too): one round trip looks up
+        the queues, one more announces them all (one script call). An agent whose lease
+        moved in between is announced again where it names now."""
         pending = list(dict.fromkeys(agents))
         if not pending:
             return
