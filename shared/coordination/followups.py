@@ -140,19 +140,21 @@ class Followups:
         return [_text(entry_id) for entry_id in written]
 
     def announce_many(self, agents: Sequence[str]) -> None:
-        """Announce each agent on the ready stream of the queue its lease names (a lost
-        queue entry: the default queue, where its wakes go too): one round trip looks up
-        the queues, one more announces them all (one script call). An agent whose lease
-        moved in between is announced again where it names now."""
+        """Announce each agent on the ready stream of the queue its lease names (a lease
+        whose queue entry was lost: the default queue, where its wakes go too; no lease:
+        no announcement): one round trip looks up the queues, one more announces them all
+        (one script call). An agent whose lease moved in between, or whose queue entry is
+        missing, is announced again where the script says."""
         pending = list(dict.fromkeys(agents))
         if not pending:
             return
         found: list[Any] = self._client.hmget(self._keys.lease_queue(), pending)
-        queues = {agent: _text(q) if isinstance(q, bytes | str) else self._default_queue
+        queues = {agent: _text(q) if isinstance(q, bytes | str) else ""
                   for agent, q in zip(pending, found, strict=True)}
         for _attempt in range(_ANNOUNCE_ATTEMPTS):
             replies = run_script_batch(self._client, _ANNOUNCE, [
-                ([self._keys.lease_queue(), self._keys.ready(queues[agent])],
+                ([self._keys.lease_queue(), self._keys.ready(queues[agent]),
+                  self._keys.agent_host()],
                  [agent, queues[agent], self._ready_maxlen, self._default_queue])
                 for agent in pending
             ])
