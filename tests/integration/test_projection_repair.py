@@ -121,17 +121,29 @@ def test_a_followup_stream_lost_after_the_dispatch_is_repaired_and_delivers_once
     assert dispatch_counts(system.store, session) == {"schedule-1": 1}
 
 
-def test_nothing_due_sends_the_watchdog_no_command(
-    system: EmbeddedSystem, clock: FakeClock
+@pytest.mark.redis
+def test_the_watchdog_sends_nothing_while_no_moment_has_passed_whatever_the_agents(
+    real_redis: redis.Redis, settings: Settings, clock: FakeClock, round_trips: list[int]
 ) -> None:
-    """An agent whose moment has not passed costs the watchdog nothing."""
-    session = _open(system)
-    _create(system, session, prompt="x", after_seconds=3600)
-    _run(system, clock, REPAIR_AFTER_S + 2.0)  # the new lease's look is done
+    """Its cost grows with the due work, not with the agents served: 200 agents whose
+    reminders are an hour away cost it no command in 10 minutes of checks."""
+    system = EmbeddedSystem(
+        MemoryStore(), msgspec.structs.replace(settings, repair_after_s=REPAIR_AFTER_S),
+        clock=clock, sleep=clock.advance, client=real_redis, injected_clock=True)
+    sessions = [new_session(system.store, f"s{i:03d}") for i in range(200)]
+    system.host.open_roots(sessions)
+    for session in sessions:
+        _create(system, session, prompt="x", after_seconds=3600)
     watchdog = system.host.plugin.bridge.watchdog
-    assert watchdog.watched == 1
-    system.client.hdel(system.coordination.keys.agent_host(), session)  # not looked at
-    assert watchdog.check() == []
+    clock.advance(REPAIR_AFTER_S + 1)
+    for _ in range(3):  # the looks the new leases asked for, 100 a check: nothing overdue
+        assert watchdog.check() == []
+    assert watchdog.watched == 200
+    sent = round_trips[0]
+    for _ in range(600):
+        clock.advance(1.0)
+        assert watchdog.check() == []
+    assert round_trips[0] == sent
 
 
 def test_a_renewal_writes_again_an_agent_host_entry_a_failover_lost(
