@@ -4,6 +4,7 @@ once; a reconcile pass over an inconsistent projection ends."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,12 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
+from tests.integration.test_processes import Cluster
 from tests.support import (
     FakeClock,
     Processes,
@@ -202,3 +206,63 @@ def test_the_scheduler_retires_a_host_whose_agent_lost_its_entry_and_keeps_movin
         codes = procs.close()
     assert moved and retired, procs.describe()
     assert codes == {"scheduler": 0}, procs.describe()
+
+
+PROCESS_KINDS = ("wake-entry", "wake-job", "wake-pointer", "agent-host", "lease-queue")
+
+
+def lose_and_deliver(cluster: Cluster, *, due_s: float) -> dict[str, float]:
+    """Real worker and scheduler processes, a host in the test: one session per key kind,
+    each with a one-shot due in ``due_s``, loses that key right after its create. Returns,
+    per kind, how late its reminder was first seen delivered (wall-clock seconds)."""
+    sessions = {kind: cluster.session(f"lost-{kind}") for kind in PROCESS_KINDS}
+    cluster.spawn("worker")
+    cluster.spawn("scheduler")
+    cluster.start_host(*sessions.values())
+    client, keys = cluster.client, cluster.coordination.keys
+    due_ms: dict[str, int] = {}
+    for kind, session in sessions.items():
+        created = cluster.call(session, "schedule_create",
+                               {"prompt": kind, "after_seconds": due_s})
+        due_ms[kind] = parse_instant(created["scheduledAt"])
+        wake = client.get(keys.current_wake(session))
+        assert wake is not None
+        {
+            "wake-entry": lambda: client.zrem(keys.scheduled_jobs(), wake),
+            "wake-job": lambda: client.delete(f"rq:job:{wake.decode()}"),
+            "wake-pointer": lambda: client.delete(keys.current_wake(session)),
+            "agent-host": lambda: client.hdel(keys.agent_host(), session),
+            "lease-queue": lambda: client.hdel(keys.lease_queue(), session),
+        }[kind]()
+    late: dict[str, float] = {}
+
+    def all_delivered() -> bool:
+        for kind, session in sessions.items():
+            if kind not in late and delivered_counts(cluster.store, session):
+                late[kind] = (wall_clock_ms() - due_ms[kind]) / 1000
+        return len(late) == len(sessions)
+
+    assert wait_until(all_delivered, timeout=due_s + 3 * cluster.settings.repair_after_s,
+                      interval=0.05), late
+    time.sleep(1.0)  # a second delivery would show by now
+    for kind, session in sessions.items():
+        assert delivered_counts(cluster.store, session) == {"schedule-1": 1}, kind
+        assert dispatch_counts(cluster.store, session) == {"schedule-1": 1}, kind
+        assert late[kind] >= 0, kind  # never early
+    assert cluster.check().returncode == 0
+    return late
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_real_processes_repair_each_lost_key_and_deliver_once(
+    tmp_path: Path, real_redis: redis.Redis
+) -> None:
+    cluster = Cluster(tmp_path, real_redis)
+    cluster.env["DSH_SCHEDULE_REPAIR_AFTER"] = str(REPAIR_AFTER_S)
+    cluster.settings = Settings.from_env(cluster.env)
+    try:
+        lose_and_deliver(cluster, due_s=3.0)
+    finally:
+        codes = cluster.close()
+    assert codes == [0, 0]
