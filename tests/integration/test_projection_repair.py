@@ -15,6 +15,7 @@ import redis
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -68,8 +69,11 @@ def _run(system: EmbeddedSystem, clock: FakeClock, seconds: float, tick: float =
 
 
 def _lose(system: EmbeddedSystem, session: str, kind: str) -> None:
+    _lose_key(system.client, system.coordination.keys, session, kind)
+
+
+def _lose_key(client: redis.Redis, keys: Keys, session: str, kind: str) -> None:
     """Delete one key (or hash entry) of the agent's projection."""
-    client, keys = system.client, system.coordination.keys
     wake = client.get(keys.current_wake(session))
     if kind == "wake-entry":
         assert wake is not None
@@ -225,15 +229,7 @@ def lose_and_deliver(cluster: Cluster, *, due_s: float) -> dict[str, float]:
         created = cluster.call(session, "schedule_create",
                                {"prompt": kind, "after_seconds": due_s})
         due_ms[kind] = parse_instant(created["scheduledAt"])
-        wake = client.get(keys.current_wake(session))
-        assert wake is not None
-        {
-            "wake-entry": lambda: client.zrem(keys.scheduled_jobs(), wake),
-            "wake-job": lambda: client.delete(f"rq:job:{wake.decode()}"),
-            "wake-pointer": lambda: client.delete(keys.current_wake(session)),
-            "agent-host": lambda: client.hdel(keys.agent_host(), session),
-            "lease-queue": lambda: client.hdel(keys.lease_queue(), session),
-        }[kind]()
+        _lose_key(client, keys, session, kind)
     late: dict[str, float] = {}
 
     def all_delivered() -> bool:
