@@ -224,10 +224,10 @@ class HostBridge:
         finding): their lease entries written again, each woken (the wake re-arms its
         reminders and re-projects its followups from its log) and looked at again."""
         lost = self._lost_keys(agents)
-        log.warning("%d agent(s) with reminders overdue by %g s or more (%s); lost: %s; "
-                    "repairing", len(agents), self._settings.repair_after_s,
-                    _named(agents), ", ".join(f"{kind} {n}" for kind, n in lost.items())
-                    or "nothing seen (a slow worker or host?)")
+        log.warning("%d agent(s) overdue by %g s or more, or with lease entries not naming "
+                    "this host (%s); missing: %s; repairing", len(agents),
+                    self._settings.repair_after_s, _named(agents),
+                    ", ".join(f"{kind} {n}" for kind, n in lost.items()) or "nothing")
         agents = self._not_moved(agents)
         new = set(self._install_again(agents))
         rest = [a for a in agents if a not in new]
@@ -247,17 +247,17 @@ class HostBridge:
                 if not (_names(h, self.host) and _names(q, self.queue))]
 
     def _lost_keys(self, agents: list[str]) -> dict[str, int]:
-        """How many of ``agents`` miss each kind of key of their projection (two round
-        trips): what the repair log line says was lost."""
+        """How many of ``agents`` miss each kind of key of their projection (three round
+        trips, on the repair's path only): what the repair's log line says it found."""
         client, keys = self._coord.client, self._coord.keys
         hosts: list[Any] = client.hmget(keys.agent_host(), agents)
         queues: list[Any] = client.hmget(keys.lease_queue(), agents)
         projections = self._coord.projections(agents)
         lost = {
-            "agent-host": sum(h is None for h in hosts),
-            "lease-queue": sum(q is None for q in queues),
-            "wake": sum(not p.wake_held for p in projections),
-            "followups": sum(p.oldest_followup_ms is None for p in projections),
+            "agent-host entry": sum(h is None for h in hosts),
+            "lease-queue entry": sum(q is None for q in queues),
+            "no wake held": sum(not p.wake_held for p in projections),
+            "followup stream empty": sum(p.oldest_followup_ms is None for p in projections),
         }
         return {kind: n for kind, n in lost.items() if n}
 
