@@ -230,6 +230,9 @@ class HostBridge:
                     ", ".join(f"{kind} {n}" for kind, n in lost.items()) or "nothing")
         agents = self._not_moved(agents)
         new = set(self._install_again(agents))
+        # An entry deleted by hand left its share in the digest, which the install added
+        # again: the digest is set from what this host serves, as after a renewal's repair.
+        self._coord.leases.reset_digest(self.host, self.digest)
         rest = [a for a in agents if a not in new]
         if rest:
             self._wake(rest)

@@ -101,7 +101,7 @@ def _projection_whole(system: EmbeddedSystem, session: str) -> bool:
 @pytest.mark.parametrize("kind", ["wake-entry", "wake-job", "wake-pointer", "agent-host",
                                   "lease-queue"])
 def test_a_key_lost_before_the_due_moment_is_repaired_and_delivers_once(
-    system: EmbeddedSystem, clock: FakeClock, kind: str
+    system: EmbeddedSystem, clock: FakeClock, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The watchdog looks at the agent once its due moment passed by ``repair_after_s``
     with the reminder still overdue (or its lease entries wrong), and repairs it."""
@@ -112,6 +112,10 @@ def test_a_key_lost_before_the_due_moment_is_repaired_and_delivers_once(
     assert delivered_counts(system.store, session) == {"schedule-1": 1}
     assert dispatch_counts(system.store, session) == {"schedule-1": 1}
     assert _projection_whole(system, session)
+    bridge = system.host.plugin.bridge  # and the host digest agrees again, by itself
+    assert system.coordination.leases.renew_host(
+        bridge.host, now_ms=clock(), ttl_s=system.settings.lease_ttl_s).digest == bridge.digest
+    assert "lease entries of host" not in caplog.text
 
 
 def test_a_followup_stream_lost_after_the_dispatch_is_repaired_and_delivers_once(
