@@ -228,6 +228,9 @@ def lose_and_deliver(cluster: Cluster, *, due_s: float) -> dict[str, float]:
     cluster.spawn("scheduler")
     cluster.start_host(*sessions.values())
     client, keys = cluster.client, cluster.coordination.keys
+    queue = f"rq:queue:{cluster.settings.queue}"
+    # the new leases' wakes are done: none re-arms what is lost below
+    assert wait_until(lambda: not client.llen(queue) and not client.hlen(keys.worker_holds()))
     due_ms: dict[str, int] = {}
     for kind, session in sessions.items():
         created = cluster.call(session, "schedule_create",
