@@ -6,7 +6,8 @@ empty, with no manual ``dsh-schedule rebuild``), makes Redis refuse every write 
 while (OOM or NOREPLICAS error replies), fills the sessions' disk for a while (a small
 tmpfs the test mounts) and deletes one key of each kind of a live agent's projection (a
 wake's schedule entry, a wake's job hash, an agent-host and a lease-queue entry, a
-followup stream), each from another session, as a failover that lost writes would. Several hundred one-shots fall due in the same second, more
+followup stream), each from another session, as a failover that lost writes would.
+Several hundred one-shots fall due in the same second, more
 fall due all through the error-reply and full-disk windows (the plan's times are fixed
 when the logs are written, so the due times can aim at them), and tool calls (create,
 list, delete through ``dsh-schedule call``) run all through the chaos.
