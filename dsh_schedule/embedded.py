@@ -64,14 +64,16 @@ class EmbeddedSystem:
         self.host = self._new_host()
 
     def step(self) -> list[tuple[str, Delivery]]:
-        """Renew leases, move due wakes, run queued wakes, deliver the followups of the
-        agents the host's ready stream names (one read that does not wait)."""
+        """Renew leases, move due wakes, run queued wakes, repair what the watchdog finds
+        overdue, deliver the followups of the agents the host's ready stream names (one
+        read that does not wait)."""
         if self.clock() >= self._next_renew_ms:
             self.host.plugin.renew_leases()
             self._next_renew_ms = self.clock() + int(self.settings.lease_renew_s * 1000)
         self.coordination.wakes.move_due(self.clock() if self._injected_clock else None)
         if self.queue.count:
             self.worker.work(burst=True, logging_level="WARNING")
+        self.host.plugin.bridge.watchdog.check()  # nothing sent while nothing is overdue
         return self.host.serve(0.0)
 
     def flush_redis(self) -> None:

@@ -3,8 +3,9 @@
 Our own loop runs the mover pass (``WakeProjection.move_due``: a script that takes the
 wakes due to the millisecond; rq-scheduler's ``run()`` would install its own signal
 handlers and compare whole seconds) under rq-scheduler's lock. Rebuild enqueues a wake
-for every live agent; the periodic reconcile pass enqueues wakes only for the agents whose
-projection in Redis is missing or stale, plus a slice of a slow full sweep. All deciding
+for every live agent; the periodic reconcile pass retires the agents of hosts whose lease
+expired and wakes a slice of a slow full sweep; it reads no agent's projection (the
+hosts' watchdogs repair lost keys, docs/architecture.md#repairing-lost-keys). All deciding
 happens inside the wake, under the lock, after a preflight — so a Redis flush loses
 nothing.
 
@@ -103,18 +104,27 @@ def rebuild_note(report: RebuildReport, settings: Settings) -> str | None:
 def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
     """Remove, under each one's lock, what Redis holds for the agents of every host whose
     lease expired, ``CHECK_BATCH`` agents at a time; then forget the host. One read when
-    no host expired, whatever the number of agents."""
+    no host expired, whatever the number of agents.
+
+    Every agent retired leaves the host's served set here, whatever the hashes say: an
+    agent whose ``agent-host`` entry was lost (a failover that lost a write) is retired
+    like the others instead of being found again for ever. Each agent is tried once a
+    pass, so the pass ends whatever Redis holds."""
     retired: list[str] = []
     leases = coord.leases
     for host in leases.expired_hosts(now_ms=now_ms):
         busy: set[str] = set()
+        tried: set[str] = set()
         while batch := [a for a in leases.served_batch(host, CHECK_BATCH + len(busy))
-                        if a not in busy]:
+                        if a not in tried][:CHECK_BATCH]:
+            tried.update(batch)
             left = set(coord.forget_agents(batch, lock_wait_s=settings.tool_lock_wait_s))
             for agent in left:
                 log.info("could not retire %s now; the next pass retries", agent)
             busy |= left
-            retired.extend(a for a in batch if a not in left)
+            done = [a for a in batch if a not in left]
+            leases.leave_served(host, done)
+            retired.extend(done)
         if not busy and leases.forget_host(host, now_ms=now_ms):
             log.info("host %s: its lease expired; its agents are retired", host)
     return retired
@@ -129,12 +139,15 @@ class Reconciler:
     sweep, the last safety net: a cursor over the agents (``HSCAN`` of the agent-host
     hash) that each pass advances by the share of them its interval is of
     ``sweep_period_s`` (a week by default), so every live agent is woken once per period
-    and never all at once. What the sweep still catches is what nothing else sees: a
-    partial loss in Redis (a key evicted or deleted, a failover that lost recent writes
-    while the generation marker survived), and, until the worker's due path owes its
-    failed re-arms (docs/decisions.md, "Idle cost flat in the number of agents"), a wake
-    whose re-arm failed in a worker that lived on. The pass itself decides nothing: each
-    wake decides under the agent's lock.
+    and never all at once. It reads no agent's projection and checks no key: a key lost
+    from a live agent's projection is repaired by its host (the watchdog, within
+    ``repair_after_s`` of the moment it mattered, and the renewal's digest for lease
+    entries a failover lost: docs/architecture.md#repairing-lost-keys). The sweep is the
+    last net for what no host watches: an announcement trimmed past a lagging host, a
+    worker's failed re-arm until its due path owes it. Retiring tries each agent of an
+    expired host once a pass and takes it out of the host's served set whatever the
+    hashes say, so a pass always ends. The pass itself decides nothing: each wake decides
+    under the agent's lock.
     """
 
     def __init__(self, coord: Coordination, settings: Settings) -> None:

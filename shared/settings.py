@@ -63,6 +63,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # metric, health); its decisions read Redis's clock whatever it says
     # (docs/decisions.md#one-clock-for-every-decision).
     max_clock_skew_s: float = 1.0
+    # A host's watchdog looks at an agent whose due moment passed this long ago and repairs
+    # what Redis lost of it when something is still overdue
+    # (docs/architecture.md#repairing-lost-keys).
+    repair_after_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.store is not None and not _is_database_url(self.store):

@@ -25,15 +25,21 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
 from dsh_schedule.host.gate import Delivery, DeliveryGate, DeliveryRound
+from dsh_schedule.host.watchdog import Watchdog
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
 from dsh_schedule.shared.coordination.generation import GenerationMarker
-from dsh_schedule.shared.coordination.leases import INSTALL_BATCH
+from dsh_schedule.shared.coordination.leases import (
+    DIGEST_MODULUS,
+    INSTALL_BATCH,
+    agent_digest,
+)
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.owed import OwedRearms
@@ -71,7 +77,11 @@ class HostBridge:
                                   consumer=self.consumer)
         self._state = threading.Lock()
         self._served: dict[str, None] = {}  # insertion-ordered
+        self._digest = 0  # the sum of every served agent's agent_digest, modulo 2^48
         self._generation = GenerationMarker(coordination.client, coordination.keys)
+        # The next due moment of each served agent; lost keys repaired once one is overdue.
+        self.watchdog = Watchdog(store, clock=clock, repair_after_s=settings.repair_after_s,
+                                 misplaced=self.misplaced, repair=self.repair)
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
         self._cursor: str | None = None  # the last id read from the ready stream
         self._deferred: list[str] | None = None  # wakes ``installing_many`` holds back
@@ -110,7 +120,9 @@ class HostBridge:
         whatever its stream holds. Within ``installing_many`` the install itself waits
         for the end of the block (and False is returned)."""
         with self._state:
-            self._served[agent] = None
+            if agent not in self._served:
+                self._served[agent] = None
+                self._digest = (self._digest + agent_digest(agent)) % DIGEST_MODULUS
             deferred = self._deferred
             if deferred is not None:
                 deferred.append(agent)
@@ -123,6 +135,7 @@ class HostBridge:
             ttl_s=settings.lease_ttl_s))
         self._held = True
         if new:
+            self.watchdog.watch([agent], self._clock())
             self._wake([agent])
         return new
 
@@ -150,12 +163,21 @@ class HostBridge:
         (docs/architecture.md#leases). When the lease had expired (the reconcile pass may
         have retired its agents), every agent is installed again; when the served set
         holds fewer agents than this host serves, the missing ones are (an agent another
-        host took over meanwhile is served here no more). Returns the agents whose lease
-        was new: they are woken together and named by ``ready`` once more."""
+        host took over meanwhile is served here no more); when the digest of the entries
+        naming this host differs from its own (an entry lost), every agent's entries are
+        looked at and written again. Returns the agents whose lease was new: they are
+        woken together and named by ``ready`` once more."""
         renewal = self._coord.leases.renew_host(
             self.host, now_ms=self._clock(), ttl_s=self._settings.lease_ttl_s)
-        served = self.served
+        with self._state:
+            served, digest = list(self._served), self._digest
         first, self._held = not self._held, True
+        if renewal.was_valid and renewal.digest != digest:
+            log.warning("the lease entries of host %s differ from the %d agent(s) it "
+                        "serves; writing them again", self.host, len(served))
+            new = self._install_again(self._not_moved(served))
+            self._coord.leases.reset_digest(self.host, self.digest)
+            return new
         if renewal.was_valid and renewal.served >= len(served):
             return []
         if renewal.was_valid:
@@ -166,6 +188,13 @@ class HostBridge:
             log.warning("the lease of host %s had expired; installing its %d agent(s) "
                         "again", self.host, len(served))
         return self._install_again(served)
+
+    @property
+    def digest(self) -> int:
+        """The digest of the agents this host serves (their ``agent_digest`` summed): the
+        host digest in Redis matches while no entry of theirs was lost."""
+        with self._state:
+            return self._digest
 
     def check_generation(self) -> list[str]:
         """Check the generation marker (one command): when Redis lost its data since the
@@ -185,9 +214,55 @@ class HostBridge:
             ttl_s=settings.lease_ttl_s)
         self._held = True
         if new:
+            self.watchdog.watch(new, self._clock())
             self._wake(new)
             self._resync(new)
         return new
+
+    def repair(self, agents: list[str]) -> None:
+        """Repair what Redis lost of agents whose reminders are overdue (the watchdog's
+        finding): their lease entries written again, each woken (the wake re-arms its
+        reminders and re-projects its followups from its log) and looked at again."""
+        lost = self._lost_keys(agents)
+        log.warning("%d agent(s) overdue by %g s or more, or with lease entries not naming "
+                    "this host (%s); missing: %s; repairing", len(agents),
+                    self._settings.repair_after_s, _named(agents),
+                    ", ".join(f"{kind} {n}" for kind, n in lost.items()) or "nothing")
+        agents = self._not_moved(agents)
+        new = set(self._install_again(agents))
+        # An entry deleted by hand left its share in the digest, which the install added
+        # again: the digest is set from what this host serves, as after a renewal's repair.
+        self._coord.leases.reset_digest(self.host, self.digest)
+        rest = [a for a in agents if a not in new]
+        if rest:
+            self._wake(rest)
+            self._resync(rest)
+
+    def misplaced(self, agents: list[str]) -> list[str]:
+        """The agents of ``agents`` whose lease entries do not name this host and its
+        queue (one round trip)."""
+        client, keys = self._coord.client, self._coord.keys
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.agent_host(), agents)
+            pipe.hmget(keys.lease_queue(), agents)
+            hosts, queues = pipe.execute()
+        return [a for a, h, q in zip(agents, hosts, queues, strict=True)
+                if not (_names(h, self.host) and _names(q, self.queue))]
+
+    def _lost_keys(self, agents: list[str]) -> dict[str, int]:
+        """How many of ``agents`` miss each kind of key of their projection (three round
+        trips, on the repair's path only): what the repair's log line says it found."""
+        client, keys = self._coord.client, self._coord.keys
+        hosts: list[Any] = client.hmget(keys.agent_host(), agents)
+        queues: list[Any] = client.hmget(keys.lease_queue(), agents)
+        projections = self._coord.projections(agents)
+        lost = {
+            "agent-host entry": sum(h is None for h in hosts),
+            "lease-queue entry": sum(q is None for q in queues),
+            "no wake held": sum(not p.wake_held for p in projections),
+            "followup stream empty": sum(p.oldest_followup_ms is None for p in projections),
+        }
+        return {kind: n for kind, n in lost.items() if n}
 
     def _wake(self, agents: list[str]) -> None:
         """Enqueue the wakes new leases need; when Redis fails after the lease was
@@ -211,21 +286,37 @@ class HostBridge:
             batch = agents[start : start + INSTALL_BATCH]
             missing.extend(a for a, here in zip(batch, leases.served_here(self.host, batch),
                                                 strict=True) if not here)
-        hosts = leases.hosts_of(missing, now_ms=self._clock())
-        moved = [a for a, host in zip(missing, hosts, strict=True)
+        return self._not_moved(missing)
+
+    def _not_moved(self, agents: list[str]) -> list[str]:
+        """The agents of ``agents`` that no other live host serves; those another host
+        serves now are served here no more (one round trip per ``INSTALL_BATCH``)."""
+        leases = self._coord.leases
+        hosts: list[str | None] = []
+        for start in range(0, len(agents), INSTALL_BATCH):
+            hosts.extend(leases.hosts_of(agents[start : start + INSTALL_BATCH],
+                                         now_ms=self._clock()))
+        moved = [a for a, host in zip(agents, hosts, strict=True)
                  if host is not None and host != self.host]
         if moved:
             log.info("%d agent(s) are served by another host now: %s", len(moved),
                      _named(moved))
             self._stop_serving(moved)
         gone = set(moved)
-        return [a for a in missing if a not in gone]
+        return [a for a in agents if a not in gone]
 
     def _stop_serving(self, agents: Sequence[str]) -> None:
         with self._state:
             for agent in agents:
-                self._served.pop(agent, None)
-                self._due.pop(agent, None)
+                self._unserve(agent)
+
+    def _unserve(self, agent: str) -> None:
+        """Serve the agent no more (hold ``_state``)."""
+        if agent in self._served:
+            del self._served[agent]
+            self._digest = (self._digest - agent_digest(agent)) % DIGEST_MODULUS
+        self._due.pop(agent, None)
+        self.watchdog.forget([agent])
 
     def dispose(self, agent: str) -> None:
         """Forget the agent in Redis; its log keeps every record (no delete on teardown).
@@ -240,8 +331,7 @@ class HostBridge:
         expired, so the reconcile pass retires them."""
         with self._state:
             for agent in agents:
-                self._served.pop(agent, None)
-                self._due.pop(agent, None)
+                self._unserve(agent)
         left = self._coord.forget_agents(agents, lock_wait_s=self._settings.tool_lock_wait_s)
         if left:
             self._coord.leases.install(f"{self.host}:disposed", left, self.queue,
@@ -440,6 +530,11 @@ class HostBridge:
 def _named(agents: Sequence[str]) -> str:
     shown = ", ".join(agents[:3])
     return shown + (f" and {len(agents) - 3} more" if len(agents) > 3 else "")
+
+
+def _names(value: object, text: str) -> bool:
+    """Whether a Redis reply (bytes, or str on a decoding client) is ``text``."""
+    return (value.decode() if isinstance(value, bytes) else value) == text
 
 
 def _stream_id(entry_id: str) -> tuple[int, int]:

@@ -122,11 +122,11 @@ class SchedulePlugin:
         clock = coordination.clock if clock is None else clock
         self._clock = clock
         owed = OwedRearms()  # the re-arms and wakes Redis failed, retried by check_redis
-        self.tools = ScheduleTools(store, coordination, settings, clock, calendar=calendar,
-                                   owed=owed)
         self.bridge = HostBridge(
             store, coordination, settings, clock=clock, consumer=consumer, owed=owed
         )
+        self.tools = ScheduleTools(store, coordination, settings, clock, calendar=calendar,
+                                   owed=owed, watch=self.bridge.watchdog.note)
         self._unsubscribe: Callable[[], None] | None = None
         # One set of definitions for every agent: a fresh copy each cost a host 55 KB per
         # agent (5 GB at 100,000 agents). A host must copy one before changing it.
@@ -167,7 +167,7 @@ class SchedulePlugin:
         (``ScheduleTools.repay_owed``). One command when nothing was lost or owed.
         Returns the agents woken."""
         woken = self.bridge.check_generation()
-        return [*woken, *self.tools.repay_owed()]
+        return [*woken, *self.tools.repay_owed(), *self.bridge.watchdog.check()]
 
     def health(self) -> status.Health:
         """Whether reminders can fire for this host's agents now: ``ok`` when the scheduler

@@ -85,8 +85,11 @@ class ScheduleTools:
         clock: Clock,
         calendar: bool | None = None,
         owed: OwedRearms | None = None,
+        watch: Callable[[str, FoldState], None] | None = None,
     ) -> None:
         self.calendar = settings.calendar if calendar is None else calendar
+        # Told each re-arm's fold: the host's watchdog keeps the agent's next due moment.
+        self._watch = watch
         self._store = store
         self._coord = coordination
         self._settings = settings
@@ -215,6 +218,8 @@ class ScheduleTools:
         by ``repay_owed`` once Redis answers (docs/architecture.md#owed-re-arms)."""
         if latest.state is None:
             return
+        if self._watch is not None:
+            self._watch(agent, latest.state)
         try:
             self._coord.rearm(agent, latest.state, self._clock(), release=held)
         except redis.RedisError as exc:

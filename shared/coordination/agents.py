@@ -36,7 +36,7 @@ class Coordination:
         self.locks = AgentLocks(client, self.keys, ttl_s=settings.lock_ttl_s)
         self.phase = AgentPhase(client, self.keys)
         self.leases = Leases(client, self.keys, default_queue=settings.queue)
-        self.followups = Followups(client, self.keys)
+        self.followups = Followups(client, self.keys, default_queue=settings.queue)
         self.workers = WorkerLiveness(client, self.keys)
         self.followup_stale_ms = int(settings.followup_stale_s * 1000)
         self.wakes = WakeProjection(client, self.keys, leases=self.leases,

@@ -109,10 +109,14 @@ class ReadyRead(msgspec.Struct, frozen=True):
 
 class Followups:
     def __init__(
-        self, client: redis.Redis, keys: Keys, *, ready_maxlen: int = READY_MAXLEN
+        self, client: redis.Redis, keys: Keys, *, ready_maxlen: int = READY_MAXLEN,
+        default_queue: str = "",
     ) -> None:
         self._client = client
         self._keys = keys
+        # Where an agent whose lease-queue entry is missing is announced: where its wakes
+        # are routed (``Leases`` falls back to the same queue); '' announces it nowhere.
+        self._default_queue = default_queue
         self._ready_maxlen = ready_maxlen
         self._announce_stale = client.register_script(_ANNOUNCE_STALE)
 
@@ -136,10 +140,11 @@ class Followups:
         return [_text(entry_id) for entry_id in written]
 
     def announce_many(self, agents: Sequence[str]) -> None:
-        """Announce each agent on the ready stream of the queue its lease names (none: no
-        announcement): one round trip looks up the queues, one more announces them all
-        (one script call). An agent whose lease moved in between is announced again where
-        it names now."""
+        """Announce each agent on the ready stream of the queue its lease names (a lease
+        whose queue entry was lost: the default queue, where its wakes go too; no lease:
+        no announcement): one round trip looks up the queues, one more announces them all
+        (one script call). An agent whose lease moved in between, or whose queue entry is
+        missing, is announced again where the script says."""
         pending = list(dict.fromkeys(agents))
         if not pending:
             return
@@ -148,8 +153,9 @@ class Followups:
                   for agent, q in zip(pending, found, strict=True)}
         for _attempt in range(_ANNOUNCE_ATTEMPTS):
             replies = run_script_batch(self._client, _ANNOUNCE, [
-                ([self._keys.lease_queue(), self._keys.ready(queues[agent])],
-                 [agent, queues[agent], self._ready_maxlen])
+                ([self._keys.lease_queue(), self._keys.ready(queues[agent]),
+                  self._keys.agent_host()],
+                 [agent, queues[agent], self._ready_maxlen, self._default_queue])
                 for agent in pending
             ])
             moved = []

@@ -40,6 +40,12 @@ class Keys:
         """HASH agent -> the rq queue beside the agent's session store."""
         return f"{self.prefix}lease-queue"
 
+    def host_digest(self) -> str:
+        """HASH host -> the sum (modulo 2^48) of a hash of every agent whose ``agent-host``
+        entry names it, kept by the scripts that write those entries
+        (docs/architecture.md#leases)."""
+        return f"{self.prefix}host-digest"
+
     def generation(self) -> str:
         """STRING: a token written once; a Redis without it has lost data
         (docs/architecture.md#the-generation-marker)."""

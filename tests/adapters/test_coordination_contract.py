@@ -122,6 +122,7 @@ def test_every_key_of_every_port_is_under_the_prefix(
         keys.served("host"),
         keys.agent_host(),
         keys.lease_queue(),
+        keys.host_digest(),
         keys.followups(AGENT),
         keys.ready(queue),
         keys.current_wake(AGENT),

@@ -8,7 +8,13 @@ import redis
 
 from dsh_schedule.shared.coordination.followups import Followups, Pair
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.leases import INSTALL_BATCH, HostRenewal, Leases
+from dsh_schedule.shared.coordination.leases import (
+    DIGEST_MODULUS,
+    INSTALL_BATCH,
+    HostRenewal,
+    Leases,
+    agent_digest,
+)
 from dsh_schedule.shared.settings import Settings
 
 AGENT = "agent-1"
@@ -120,15 +126,35 @@ def test_renewing_a_host_reports_its_lease_and_its_served_set(
     leases: Leases, redis_client: redis.Redis
 ) -> None:
     leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    both = (agent_digest(AGENT) + agent_digest("agent-2")) % DIGEST_MODULUS
     assert leases.renew_host("host-a", now_ms=T0 + 20_000, ttl_s=TTL_S) == HostRenewal(
-        was_valid=True, served=2)
+        was_valid=True, served=2, digest=both)
     # a renewal after the lease ran out says so, and renews it
     assert leases.renew_host("host-a", now_ms=T0 + 200_000, ttl_s=TTL_S) == HostRenewal(
-        was_valid=False, served=2)
+        was_valid=False, served=2, digest=both)
     assert leases.is_live(AGENT, now_ms=T0 + 200_000)
     redis_client.flushdb()
     assert leases.renew_host("host-a", now_ms=T0 + 220_000, ttl_s=TTL_S) == HostRenewal(
-        was_valid=False, served=0)
+        was_valid=False, served=0, digest=0)
+
+
+def test_the_host_digest_follows_every_entry_the_scripts_write(
+    leases: Leases, redis_client: redis.Redis
+) -> None:
+    """The digest names exactly the agents whose agent-host entry names the host: an
+    install adds, a move takes from the old host, a drop takes away; a lost entry whose
+    write Redis lost shows as a digest that differs from the host's own."""
+    leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    leases.install("host-b", ["agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
+    renew = leases.renew_host
+    assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == agent_digest(AGENT)
+    assert renew("host-b", now_ms=T0, ttl_s=TTL_S).digest == agent_digest("agent-2")
+    leases.install("host-a", [AGENT], QUEUE, now_ms=T0, ttl_s=TTL_S)  # unchanged
+    assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == agent_digest(AGENT)
+    leases.drop(AGENT)
+    assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == 0
+    leases.reset_digest("host-a", 12345)
+    assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == 12345
 
 
 def test_an_expired_host_is_forgotten_once_its_agents_are_retired(leases: Leases) -> None:
@@ -177,7 +203,7 @@ def test_lease_keys_are_under_the_prefix(
     written = sorted(k.decode() for k in redis_client.scan_iter(match="*"))
     # an idle agent's lease holds no stream: memory per live agent stays small
     assert written == sorted([keys.hosts(), keys.served("host"), keys.agent_host(),
-                              keys.lease_queue()])
+                              keys.lease_queue(), keys.host_digest()])
 
 
 # -- renewal in batches -------------------------------------------------------------------

@@ -6,8 +6,11 @@ through the test-only ``DSH_SCHEDULE_TEST_CLOCK_SKEW``; the tool calls take the 
 host's), pauses a worker past its lock's time to live
 and the host and the scheduler past theirs, takes Redis down for half a minute (back
 empty, with no manual ``dsh-schedule rebuild``), makes Redis refuse every write for a
-while (OOM or NOREPLICAS error replies) and fills the sessions' disk for a while (a small
-tmpfs the test mounts). Several hundred one-shots fall due in the same second, more
+while (OOM or NOREPLICAS error replies), fills the sessions' disk for a while (a small
+tmpfs the test mounts) and deletes one key of each kind of a live agent's projection (a
+wake's schedule entry, a wake's job hash, an agent-host and a lease-queue entry, a
+followup stream), each from another session, as a failover that lost writes would.
+Several hundred one-shots fall due in the same second, more
 fall due all through the error-reply and full-disk windows (the plan's times are fixed
 when the logs are written, so the due times can aim at them), and tool calls (create,
 list, delete through ``dsh-schedule call``) run all through the chaos.
@@ -45,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from dsh_schedule.shared.clock import SKEW_ENV
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import format_instant, parse_instant
 from dsh_schedule.shared.core.records import (
@@ -103,7 +108,10 @@ TIMINGS = {
     "TURN_TTL": "10",
     "MOVER_INTERVAL": "0.1",
     "RECONCILE_INTERVAL": "2",
+    "REPAIR_AFTER": "10",
 }
+# The keys of a live agent's projection the plan deletes, each from one session.
+LOST_KINDS = ("wake-entry", "wake-job", "agent-host", "lease-queue", "followups")
 LOCK_TTL_S = float(TIMINGS["LOCK_TTL"])
 # A host pause outlasts its leases and its turn phases; a scheduler pause outlasts
 # rq-scheduler's lock (11 s) and the heartbeat's freshness (15 s).
@@ -149,6 +157,7 @@ def _plan(rng: random.Random) -> list[Action]:
     picks += [("pause", rng.choice(WORKERS)) for _ in range(rng.randint(1, 2))]
     picks += [("pause", rng.choice(HOSTS)), ("pause", "scheduler")]
     picks += [("redis-down", "redis"), ("redis-refuses", "redis"), ("disk-full", "sessions")]
+    picks += [("lose-keys", "redis")]
     rng.shuffle(picks)
     plan: list[Action] = []
     clock = 0.0
@@ -162,6 +171,8 @@ def _plan(rng: random.Random) -> list[Action]:
                           f"(past {past:g} s)")
         elif action == "redis-down":
             step = Action(clock, action, target, round(rng.uniform(*REDIS_DOWN_S), 1))
+        elif action == "lose-keys":
+            step = Action(clock, action, target, float(TIMINGS["REPAIR_AFTER"]))
         else:
             detail = rng.choice(sorted(REFUSALS)) if action == "redis-refuses" else ""
             step = Action(clock, action, target, round(rng.uniform(*WINDOW_S), 1), detail)
@@ -569,6 +580,42 @@ class Run:
         finally:
             filler.unlink()
         self.note("sessions disk has room again")
+
+    def lose_keys(self, step: Action) -> None:
+        """A partial loss that keeps the generation marker: one key of each kind of a live
+        agent's projection deleted, each from another session (the hosts repair them)."""
+        keys = Keys("chaos:")
+        rng = random.Random(f"{self.seed}-lose")
+        sessions = list(SESSIONS)
+        rng.shuffle(sessions)
+        client = self.server.client()
+        lost: list[str] = []
+        try:
+            for kind in LOST_KINDS:
+                for session in sessions:
+                    wake = client.get(keys.current_wake(session))
+                    if kind == "wake-entry" and wake is not None:
+                        done = client.zrem(keys.scheduled_jobs(), wake)
+                    elif kind == "wake-job" and wake is not None:
+                        done = client.delete(f"rq:job:{wake.decode()}")
+                    elif kind == "agent-host":
+                        done = client.hdel(keys.agent_host(), session)
+                    elif kind == "lease-queue":
+                        done = client.hdel(keys.lease_queue(), session)
+                    elif kind == "followups":
+                        done = client.delete(keys.followups(session))
+                    else:
+                        continue
+                    if done:
+                        lost.append(f"{kind} of {session}")
+                        sessions.remove(session)
+                        break
+        except redis.RedisError as exc:
+            lost.append(f"then {type(exc).__name__}")
+        finally:
+            client.close()
+        self.note(f"lost keys: {', '.join(lost) or 'none found'}")
+        self.sleep(step.hold_s)
 
     # -- observations ---------------------------------------------------------------
 
