@@ -33,19 +33,28 @@ if TYPE_CHECKING:
 def cmd_check(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
     from dsh_schedule.shared.core.fold import fold
-    from dsh_schedule.shared.store.jsonl import read_session_file
+    from dsh_schedule.shared.store.jsonl import read_session_file_tail
 
     status = 0
     for name in args.files:
         try:
-            session = read_session_file(Path(name))
+            session, torn = read_session_file_tail(Path(name))
             fold(session.events, session.seed_length)
         except (ScheduleLogError, PersistenceError, ValueError) as exc:
             print(f"{name}: {exc}")
             status = 1
         else:
-            print(f"{name}: ok")
+            print(f"{name}: ok{_torn_note(torn, len(session.events))}")
     return status
+
+
+def _torn_note(torn: int, events: int) -> str:
+    """What ``check`` says it ignored: a torn final line is no committed event (a write a
+    crash cut short), so the log is valid without it, but the operator should know."""
+    if not torn:
+        return ""
+    return (f" (ignored a torn final line of {torn} bytes after {events} events: "
+            "a write cut short, never committed)")
 
 
 def cmd_fold(args: argparse.Namespace) -> int:
