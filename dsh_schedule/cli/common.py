@@ -106,6 +106,10 @@ def await_redis(url: str, wait_s: float | None, *, verbose: bool) -> None:
             f"Redis at {where(client)} did not answer within {exc.waited_s:g} s "
             "(--redis-wait)"
         ) from None
+    except outage.RedisAuthFailed:
+        raise CommandError(
+            f"Redis at {where(client)}: authentication failed ({outage.AUTH_HINT})"
+        ) from None
     finally:
         startup_log.removeFilter(drop)
         client.close()
