@@ -190,12 +190,11 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     url = require_redis(settings, "rebuild")
     await_redis(url, args.redis_wait, verbose=args.verbose)
-    import redis
-
     from dsh_schedule.scheduler.process import rebuild, rebuild_note
     from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.coordination.connection import connect
 
-    coordination = Coordination(redis.Redis.from_url(url), settings)
+    coordination = Coordination(connect(url), settings)
     report = rebuild(coordination, settings, now_ms=wall_clock_ms())
     dump({"woken": list(report.woken), "retired": list(report.retired)})
     note = rebuild_note(report, settings)
@@ -219,12 +218,11 @@ def cmd_host(args: argparse.Namespace) -> int:
     await_redis(url, args.redis_wait, verbose=args.verbose)
     import threading
 
-    import redis
-
     from dsh_schedule.host.reference import ReferenceHost
     from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.coordination.connection import connect
 
-    coordination = Coordination(redis.Redis.from_url(url), settings)
+    coordination = Coordination(connect(url), settings)
     host = ReferenceHost(
         store,
         coordination,
