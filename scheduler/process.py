@@ -35,6 +35,7 @@ from dsh_schedule import status
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.connection import connect
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.settings import Settings
 
@@ -422,7 +423,7 @@ class SchedulerLoop:
 def run_scheduler(settings: Settings) -> int:
     if not settings.redis_url:
         raise ValueError("the scheduler needs a Redis URL")
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect(settings.redis_url)
     loop = SchedulerLoop(Coordination(client, settings), settings)
     tune_for_service()
     loop.install_signal_handlers()

@@ -29,6 +29,7 @@ from redis.typing import EncodableT
 from rq import Queue, SimpleWorker, worker_registration
 
 from dsh_schedule.shared.collector import tune_for_service
+from dsh_schedule.shared.coordination.connection import connect
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.workers import Held, WorkerLiveness
@@ -204,7 +205,7 @@ def run_worker(settings: Settings, *, burst: bool = False) -> int:
     """Serve wakes until stopped (or, with ``burst``, until the queue is empty)."""
     if not settings.redis_url:
         raise ValueError("the worker needs a Redis URL")
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
+    client = connect(settings.redis_url, health_check_interval=10)
     owner = build_owner(client, settings)
     keys = Keys(settings.prefix)
     liveness = WorkerLiveness(client, keys)

@@ -34,19 +34,28 @@ if TYPE_CHECKING:
 def cmd_check(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
     from dsh_schedule.shared.core.fold import fold
-    from dsh_schedule.shared.store.jsonl import read_session_file
+    from dsh_schedule.shared.store.jsonl import read_session_file_tail
 
     status = 0
     for name in args.files:
         try:
-            session = read_session_file(Path(name))
+            session, torn = read_session_file_tail(Path(name))
             fold(session.events, session.seed_length)
         except (ScheduleLogError, PersistenceError, ValueError) as exc:
             print(f"{name}: {exc}")
             status = 1
         else:
-            print(f"{name}: ok")
+            print(f"{name}: ok{_torn_note(torn, len(session.events))}")
     return status
+
+
+def _torn_note(torn: int, events: int) -> str:
+    """What ``check`` says it ignored: a torn final line is no committed event (a write a
+    crash cut short), so the log is valid without it, but the operator should know."""
+    if not torn:
+        return ""
+    return (f" (ignored a torn final line of {torn} bytes after {events} events: "
+            "a write cut short, never committed)")
 
 
 def cmd_fold(args: argparse.Namespace) -> int:
@@ -191,12 +200,11 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     url = require_redis(settings, "rebuild")
     await_redis(url, args.redis_wait, verbose=args.verbose)
-    import redis
-
     from dsh_schedule.scheduler.process import rebuild, rebuild_note
     from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.coordination.connection import connect
 
-    coordination = Coordination(redis.Redis.from_url(url), settings)
+    coordination = Coordination(connect(url), settings)
     report = rebuild(coordination, settings, now_ms=coordination.clock())
     dump({"woken": list(report.woken), "retired": list(report.retired)})
     note = rebuild_note(report, settings)
@@ -220,12 +228,11 @@ def cmd_host(args: argparse.Namespace) -> int:
     await_redis(url, args.redis_wait, verbose=args.verbose)
     import threading
 
-    import redis
-
     from dsh_schedule.host.reference import ReferenceHost
     from dsh_schedule.shared.coordination.agents import Coordination
+    from dsh_schedule.shared.coordination.connection import connect
 
-    coordination = Coordination(redis.Redis.from_url(url), settings)
+    coordination = Coordination(connect(url), settings)
     stop = threading.Event()
     output_closed: list[BrokenPipeError] = []
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from dsh_schedule.shared.settings import Settings
 
 if TYPE_CHECKING:
-    import redis
+    pass
 
 EXIT_UNHEALTHY: Final = 1
 EXIT_BAD_INPUT: Final = 2
@@ -80,20 +80,20 @@ def require_redis(settings: Settings, command: str) -> str:
 def await_redis(url: str, wait_s: float | None, *, verbose: bool) -> None:
     """Return once Redis at ``url`` answers; CommandError when it did not within
     ``wait_s`` seconds (None waits for ever). A bounded wait is quiet unless verbose."""
-    import redis
-
     from dsh_schedule.shared.coordination import outage
+    from dsh_schedule.shared.coordination.connection import connect, location
 
     try:
-        client = redis.Redis.from_url(
+        client = connect(
             url,
             socket_connect_timeout=REDIS_PROBE_TIMEOUT_S,
             socket_timeout=REDIS_PROBE_TIMEOUT_S,
         )
+        where = location(url)
     except ValueError:
         raise CommandError(
-            "the Redis URL is not usable (it starts with redis://, rediss:// or unix:// "
-            "and names a numeric port and database)"
+            "the Redis URL is not usable (it starts with redis://, rediss://, unix:// or "
+            "redis+sentinel:// and names a numeric port and database)"
         ) from None
     startup_log = logging.getLogger(outage.__name__)
     quiet = wait_s is not None and not verbose
@@ -107,20 +107,16 @@ def await_redis(url: str, wait_s: float | None, *, verbose: bool) -> None:
         outage.wait_for_redis(client, wait_s=wait_s)
     except outage.RedisUnavailable as exc:
         raise CommandError(
-            f"Redis at {where(client)} did not answer within {exc.waited_s:g} s "
+            f"Redis at {where} did not answer within {exc.waited_s:g} s "
             "(--redis-wait)"
+        ) from None
+    except outage.RedisAuthFailed:
+        raise CommandError(
+            f"Redis at {where}: authentication failed ({outage.AUTH_HINT})"
         ) from None
     finally:
         startup_log.removeFilter(drop)
         client.close()
-
-
-def where(client: redis.Redis) -> str:
-    """Where a client points, without credentials."""
-    kwargs = client.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix:{kwargs['path']} db {kwargs.get('db', 0)}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
 def dump(value: Any) -> None:

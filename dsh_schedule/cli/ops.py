@@ -16,7 +16,6 @@ from dsh_schedule.cli.common import (
     await_redis,
     require_redis,
     settings_of,
-    where,
 )
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.terminal import terminal_json, terminal_text
@@ -87,9 +86,9 @@ def cmd_web(args: argparse.Namespace) -> int:
 
 
 def _where_url(url: str) -> str:
-    import redis
+    from dsh_schedule.shared.coordination.connection import location
 
-    return where(redis.Redis.from_url(url))
+    return location(url)
 
 
 # -- operations -----------------------------------------------------------------------
@@ -100,9 +99,9 @@ def _ops_client(args: argparse.Namespace, command: str) -> tuple[Settings, redis
     settings = settings_of(args)
     url = require_redis(settings, command)
     await_redis(url, args.redis_wait, verbose=args.verbose)
-    import redis
+    from dsh_schedule.shared.coordination.connection import connect
 
-    client = redis.Redis.from_url(
+    client = connect(
         url, socket_connect_timeout=OPS_SOCKET_TIMEOUT_S, socket_timeout=OPS_SOCKET_TIMEOUT_S
     )
     return settings, client

@@ -53,7 +53,7 @@ from dsh_schedule.host.plugin import (
 )
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.connection import is_embedded
+from dsh_schedule.shared.coordination.connection import connect_async, is_embedded
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
 from dsh_schedule.shared.core.catalog import ToolDefinition
@@ -178,7 +178,7 @@ class AsyncSchedulePlugin:
         self.clock = coordination.clock if clock is None else clock
         self._own_client = False
         if async_client is None and settings.redis_url and not is_embedded(coordination.client):
-            async_client = redis.asyncio.Redis.from_url(settings.redis_url)
+            async_client = connect_async(settings.redis_url)
             self._own_client = True
         self._client = async_client
         self.tools = AsyncScheduleTools(self.sync.tools)

@@ -9,7 +9,8 @@
   accounts, so whoever reaches it reads every transcript and drives every session.
 - **With a token** every request carries it: ``Authorization: Bearer TOKEN`` (scripts), or
   the cookie ``POST /login`` sets from a form (browsers). The cookie holds a keyed digest
-  of the token, not the token.
+  of the token, not the token. Sign-in attempts are limited per client address
+  (``LoginLimit``), so the token cannot be guessed at the speed of the network.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import hmac
 import ipaddress
 import re
 import socket
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -35,6 +38,9 @@ DEFAULT_PORTS: Final = frozenset({80, 443})  # what a Host without a port may st
 SHOWN_HOST_CHARS: Final = 80
 _NAME: Final = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 _COOKIE_CONTEXT: Final = b"dsh-schedule web console cookie v1"
+LOGIN_BURST: Final = 10  # sign-in attempts one address may make at once
+LOGIN_REFILL_S: Final = 6.0  # then one more every this many seconds (10 a minute)
+LOGIN_ADDRESSES: Final = 10_000  # addresses remembered at most, the least recent forgotten
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -283,3 +289,35 @@ def refused_without_token() -> Asgi:
     return _plain(401, "refused: this console needs its token (Authorization: Bearer TOKEN, "
                   f"or sign in at {LOGIN_PATH}; docs/web.md#access)\n",
                   {"WWW-Authenticate": 'Bearer realm="dsh-schedule web"'})
+
+
+class LoginLimit:
+    """A token bucket per client address for ``POST /login``: ``burst`` attempts at once,
+    then one every ``refill_s`` seconds. At most ``remembered`` addresses are kept (the
+    least recently seen forgotten first, which only ever lets an address try sooner).
+    Used from the server's event loop only."""
+
+    def __init__(self, *, burst: int = LOGIN_BURST, refill_s: float = LOGIN_REFILL_S,
+                 remembered: int = LOGIN_ADDRESSES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.refill_s = refill_s
+        self._remembered = remembered
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def take(self, address: str) -> float:
+        """0.0 when ``address`` may try now (the try is counted); else how many seconds
+        until it may."""
+        now = self._clock()
+        tokens, at = self._buckets.pop(address, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) / self.refill_s)
+        wait = 0.0
+        if tokens >= 1.0:
+            tokens -= 1.0
+        else:
+            wait = (1.0 - tokens) * self.refill_s
+        self._buckets[address] = (tokens, now)
+        while len(self._buckets) > self._remembered:
+            self._buckets.popitem(last=False)
+        return wait

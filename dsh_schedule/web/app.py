@@ -11,6 +11,7 @@ browser's time zone and runs the countdowns.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -41,6 +42,7 @@ from dsh_schedule.web.access import (
     Access,
     AccessGuard,
     Asgi,
+    LoginLimit,
     Scope,
     cookie_value,
     refused_without_token,
@@ -114,21 +116,29 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _same_origin(request: Request) -> bool:
     """A form post from a page of another site is refused: the console acts for whoever
-    can reach it, so it takes input only from its own pages. Comparing ``Origin`` with
-    ``Host`` means something because ``AccessGuard`` has already refused every ``Host``
-    that names no address of the console (a rebound name sends matching ones)."""
+    can reach it, so it takes input only from its own pages. Comparing ``Origin`` (or,
+    without one, ``Referer``) with ``Host`` means something because ``AccessGuard`` has
+    already refused every ``Host`` that names no address of the console (a rebound name
+    sends matching ones). A post that names neither is a script's (curl, a Bearer token)
+    unless it carries the sign-in cookie: a browser sent that, so it must say from where."""
     if request.headers.get("sec-fetch-site") == "cross-site":
         return False
+    host = request.headers.get("host")
     origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        return origin is None
-    return urlsplit(origin).netloc == request.headers.get("host")
+    if origin is not None:
+        return origin != "null" and urlsplit(origin).netloc == host
+    referer = request.headers.get("referer")
+    if referer is not None:
+        return urlsplit(referer).netloc == host
+    return COOKIE not in request.cookies
 
 
-def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
+def create_app(console: Console, *, access: Access, port: int,
+               login_limit: LoginLimit | None = None) -> FastAPI:
     """The console's app as served on ``port`` the way ``access`` says: every request,
     static files included, passes the Host check and (with a token) the token check
-    first (docs/web.md#access)."""
+    first (docs/web.md#access); sign-in attempts are limited by ``login_limit`` (the
+    default ``LoginLimit`` when None)."""
     app = FastAPI(title="dsh-schedule web console", docs_url=None, redoc_url=None,
                   openapi_url=None)
     env = template_environment()
@@ -152,7 +162,7 @@ def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
 
     app.add_middleware(AccessGuard, access=access, port=port, unauthorized=unauthorized)
     if access.token is not None:
-        _login_routes(app, access.token, login_page)
+        _login_routes(app, access.token, login_page, login_limit or LoginLimit())
 
     def render(name: str, **context: Any) -> str:
         return env.get_template(name).render(
@@ -353,11 +363,12 @@ def create_app(console: Console, *, access: Access, port: int) -> FastAPI:
     return app
 
 
-def _login_routes(app: FastAPI, token: str,
-                  login_page: Callable[..., HTMLResponse]) -> None:
+def _login_routes(app: FastAPI, token: str, login_page: Callable[..., HTMLResponse],
+                  limit: LoginLimit) -> None:
     """``GET /login`` shows the sign-in form; ``POST /login`` with the right token sets
     the cookie (HttpOnly, SameSite=Strict, a digest of the token) and goes to the
-    sessions."""
+    sessions; an address past its sign-in attempts (``limit``) gets 429 and when to try
+    again."""
 
     @app.get(LOGIN_PATH, response_class=HTMLResponse)
     async def login_form() -> HTMLResponse:
@@ -367,6 +378,13 @@ def _login_routes(app: FastAPI, token: str,
     async def login(request: Request) -> Response:
         if not _same_origin(request):
             return PlainTextResponse("refused: a form of another site", status_code=403)
+        wait_s = limit.take(request.client.host if request.client else "")
+        if wait_s > 0:
+            after = math.ceil(wait_s)
+            return PlainTextResponse(
+                f"refused: too many sign-in attempts from this address; try again in "
+                f"{after} s\n", status_code=429,
+                headers={"Retry-After": str(after), "Cache-Control": "no-store"})
         try:
             offered = (await _form(request)).get("token", "")
         except ConsoleError as exc:

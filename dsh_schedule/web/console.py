@@ -43,6 +43,7 @@ from dsh_schedule.host.reference import (
 from dsh_schedule.reminders import active_reminders
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.connection import connect
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import (
     STEP_END,
@@ -109,13 +110,13 @@ class Console:
         self.embedded = not settings.redis_url
         self.system: EmbeddedSystem | None = None
         if settings.redis_url:
-            self.client: redis.Redis = redis.Redis.from_url(settings.redis_url)
+            self.client: redis.Redis = connect(settings.redis_url)
             self.coordination = Coordination(self.client, settings)
             if injected is None:
                 self.clock = clock = self.coordination.clock
             self.host = ReferenceHost(self.store, self.coordination, settings, clock=clock,
                                       on_delivery=self._delivered)
-            self._status_client: redis.Redis = redis.Redis.from_url(
+            self._status_client: redis.Redis = connect(
                 settings.redis_url, socket_connect_timeout=STATUS_SOCKET_TIMEOUT_S,
                 socket_timeout=STATUS_SOCKET_TIMEOUT_S,
             )

@@ -12,6 +12,11 @@ too few replicas, loading its data, a busy script, a failed snapshot) is one too
 
 A disk under the session store that cannot take writes (full, read-only) is an outage of
 the same shape for the processes that write session logs (``DiskOutage``).
+
+A Redis that refuses our credentials (``is_auth_failure``) is retried the same way, since
+the password may be corrected on either side, but it is a mistake to fix, not weather: the
+process says "authentication failed" at ERROR once a minute while it lasts, and a bounded
+wait gives up at once (``RedisAuthFailed``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from dsh_schedule.shared.core.errors import ScheduleError, disk_outage_errno
 
 FIRST_DELAY_S: Final = 0.1
 MAX_DELAY_S: Final = 5.0
+# How often a process repeats that Redis refuses its credentials, while it does.
+AUTH_REPEAT_S: Final = 60.0
+AUTH_HINT: Final = "check the user and password in the Redis URL"
 
 # The error replies a healthy deployment meets in an ordinary week: each says "not now",
 # never "this command is wrong". redis-py strips the code from some of them (OOM,
@@ -47,12 +55,29 @@ _OUTAGE_REPLY_CLASSES: Final = (
 _REPLY_CODE: Final = re.compile(r"(?:^|[\s:-])([A-Z]{3,11}) ")
 
 
+# The replies of a Redis that refuses our credentials; redis-py raises most of them as
+# AuthenticationError, and a Redis before 6 answers AUTH with a user by an arity error.
+_AUTH_REPLY: Final = re.compile(
+    r"^(?:WRONGPASS|NOAUTH|(?:ERR )?invalid (?:password|username-password)"
+    r"|ERR wrong number of arguments for 'auth')")
+
+
+def is_auth_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis refused our credentials (a wrong or missing password
+    or user)."""
+    if isinstance(exc, redis.exceptions.AuthenticationError | RedisAuthFailed):
+        return True
+    return isinstance(exc, redis.ResponseError) and _AUTH_REPLY.match(str(exc)) is not None
+
+
 def is_outage(exc: BaseException) -> bool:
-    """Whether ``exc`` means Redis cannot serve us now (lost, slow, or refusing for an
-    operational reason) rather than that the command itself is wrong. Catch
-    ``redis.RedisError`` and re-raise what this says is not an outage."""
+    """Whether ``exc`` means Redis cannot serve us now (lost, slow, refusing for an
+    operational reason, or refusing our credentials) rather than that the command itself
+    is wrong. Catch ``redis.RedisError`` and re-raise what this says is not an outage."""
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | RedisUnavailable):
-        return True  # BusyLoadingError (LOADING) and MaxConnectionsError among them
+        return True  # BusyLoadingError (LOADING), MaxConnectionsError, AuthenticationError
+    if is_auth_failure(exc):
+        return True
     if isinstance(exc, _OUTAGE_REPLY_CLASSES):
         return True
     if isinstance(exc, redis.ResponseError):
@@ -69,16 +94,26 @@ class RedisUnavailable(ScheduleError, ConnectionError):
         super().__init__(f"Redis did not answer within {waited_s:g} s")
 
 
+class RedisAuthFailed(ScheduleError, ConnectionError):
+    """Redis refused our credentials while a command waited for it to answer."""
+
+    def __init__(self) -> None:
+        super().__init__(f"Redis authentication failed ({AUTH_HINT})")
+
+
 class Outage:
     """Tracks whether Redis is reachable for one loop and paces its retries."""
 
     resource: ClassVar[str] = "Redis"
 
-    def __init__(self, logger: logging.Logger, what: str) -> None:
+    def __init__(self, logger: logging.Logger, what: str, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._log = logger
         self._what = what
+        self._clock = clock
         self._down_since: float | None = None
         self._delay = FIRST_DELAY_S
+        self._auth_said: float | None = None
 
     @property
     def down(self) -> bool:
@@ -87,23 +122,37 @@ class Outage:
     def failed(self, exc: BaseException) -> float:
         """Record a failed attempt; the delay before the next one (capped, doubling)."""
         self._count()
+        refused = is_auth_failure(exc)
+        if refused:
+            self._refused()
         if self._down_since is None:
-            self._down_since = time.monotonic()
+            self._down_since = self._clock()
             self._delay = FIRST_DELAY_S
-            self._log.warning("%s: %s unavailable (%s); retrying", self._what,
-                              self.resource, self._cause(exc))
+            if not refused:
+                self._log.warning("%s: %s unavailable (%s); retrying", self._what,
+                                  self.resource, self._cause(exc))
         else:
             self._delay = min(self._delay * 2, MAX_DELAY_S)
         return self._delay
+
+    def _refused(self) -> None:
+        """Say at ERROR, once a minute while it lasts, that Redis refused our credentials."""
+        now = self._clock()
+        if self._auth_said is not None and now - self._auth_said < AUTH_REPEAT_S:
+            return
+        self._auth_said = now
+        self._log.error("%s: Redis authentication failed (%s); retrying", self._what,
+                        AUTH_HINT)
 
     def succeeded(self) -> bool:
         """Record a successful attempt; True when this ends an outage."""
         if self._down_since is None:
             return False
         self._log.warning("%s: %s is back after %.1f s", self._what, self.resource,
-                          time.monotonic() - self._down_since)
+                          self._clock() - self._down_since)
         self._down_since = None
         self._delay = FIRST_DELAY_S
+        self._auth_said = None
         return True
 
     def _count(self) -> None:
@@ -135,7 +184,9 @@ def wait_for_redis(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Return once Redis answers PING; ``RedisUnavailable`` after ``wait_s`` seconds
-    (None waits for ever, logging once that it waits)."""
+    (None waits for ever, logging once that it waits). ``RedisAuthFailed`` at once when
+    the wait is bounded and Redis refuses our credentials; an unbounded wait retries,
+    saying so at ERROR once a minute."""
     deadline = None if wait_s is None else time.monotonic() + wait_s
     outage = Outage(logging.getLogger(__name__), "startup")
     while True:
@@ -144,6 +195,8 @@ def wait_for_redis(
         except (redis.RedisError, OSError) as exc:
             if isinstance(exc, redis.RedisError) and not is_outage(exc):
                 raise
+            if deadline is not None and is_auth_failure(exc):
+                raise RedisAuthFailed() from None
             delay = outage.failed(exc)
             if deadline is not None:
                 left = deadline - time.monotonic()

@@ -105,6 +105,12 @@ def read_session_file(path: Path) -> Session:
     """The session in any session file, by the rules of ``JsonlStore.read`` (for the
     ``check``, ``fold`` and ``present`` commands); the header may carry any id. Every
     event is held in memory: this is for one file, read once."""
+    return read_session_file_tail(path)[0]
+
+
+def read_session_file_tail(path: Path) -> tuple[Session, int]:
+    """``read_session_file``, and how many bytes follow the last newline: a torn final
+    line the read ignored (0 when the file ends with a complete line)."""
     try:
         with open(path, "rb") as file:
             fcntl.flock(file.fileno(), fcntl.LOCK_SH)
@@ -121,7 +127,7 @@ def read_session_file(path: Path) -> Session:
     lines = data[: end - 1].split(b"\n")
     header = decode_header_line(lines[0], None)
     events = [decode_event_line(line, seq) for seq, line in enumerate(lines[1:])]
-    return Session(header=header, events=EventLog(events))
+    return Session(header=header, events=EventLog(events)), len(data) - end
 
 
 class _Unconfirmed(NamedTuple):

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 import pytest
 import redis
 from redis._parsers.base import BaseParser
 
-from dsh_schedule.shared.coordination.outage import RedisUnavailable, is_outage
+from dsh_schedule.shared.coordination.outage import (
+    MAX_DELAY_S,
+    Outage,
+    RedisAuthFailed,
+    RedisUnavailable,
+    is_auth_failure,
+    is_outage,
+)
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 
 
@@ -72,3 +80,45 @@ def test_a_full_or_read_only_disk_is_an_outage_and_a_missing_file_is_not(
     except PersistenceError as wrapped:
         assert (disk_outage_errno(wrapped) == code) is outage
     assert disk_outage_errno(PersistenceError("session 's1' does not exist")) is None
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "WRONGPASS invalid username-password pair or user is disabled.",
+        "NOAUTH Authentication required.",
+        "ERR invalid password",
+    ],
+)
+def test_a_refused_password_is_an_authentication_failure_retried_as_an_outage(
+    reply: str,
+) -> None:
+    refused = BaseParser.parse_error(reply)
+    assert is_auth_failure(refused) and is_outage(refused)
+    assert is_auth_failure(redis.ResponseError(reply))  # however a client version wraps it
+    assert is_auth_failure(RedisAuthFailed())
+    assert not is_auth_failure(redis.ConnectionError("gone"))
+    assert not is_auth_failure(BaseParser.parse_error("NOPERM no permissions"))
+
+
+def test_a_process_says_authentication_failed_at_error_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While Redis refuses the password the loop retries, saying why at ERROR once a
+    minute; a refusal after Redis was back is said again at once."""
+    now = [0.0]
+    outage = Outage(logging.getLogger("test.auth"), "worker", clock=lambda: now[0])
+    refused = BaseParser.parse_error("WRONGPASS invalid username-password pair")
+    caplog.set_level(logging.INFO, logger="test.auth")
+    for second in (0, 5, 30, 59.9, 60, 100, 119.9, 120.5):
+        now[0] = second
+        assert outage.failed(refused) <= MAX_DELAY_S
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 3  # at 0, 60 and 120.5 s
+    assert all(r.getMessage() == "worker: Redis authentication failed (check the user and "
+               "password in the Redis URL); retrying" for r in errors)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert outage.succeeded()
+    now[0] = 121.0
+    outage.failed(refused)
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 4

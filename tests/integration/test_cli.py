@@ -83,6 +83,18 @@ def test_check_exits_0_on_valid_logs_and_1_naming_each_corrupt_file(tmp_path: Pa
     assert lines[2].startswith(f"{worse}: ") and "version" in lines[2]
 
 
+def test_check_says_what_it_ignored_of_a_torn_tail(tmp_path: Path) -> None:
+    """A torn final line is no committed event: the log is valid, and check says it
+    ignored the line rather than a bare "ok"."""
+    log = write_log(tmp_path / "torn.jsonl", EVENTS)
+    with log.open("a", encoding="utf-8") as file:
+        file.write('{"type": "schedule/change", "seq": 3, "ti')
+    result = cli("check", str(log))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == (f"{log}: ok (ignored a torn final line of 41 bytes after 3 "
+                             "events: a write cut short, never committed)\n")
+
+
 def test_fold_prints_the_exact_list_value(tmp_path: Path) -> None:
     log = write_log(tmp_path / "s.jsonl", EVENTS)
     result = cli("fold", str(log), "--now", "2026-12-01T09:11:00.000Z")
