@@ -6,14 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dsh_schedule.shared.core.errors import ToolError
+from dsh_schedule.shared.core.errors import ScheduleLogError, ToolError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event
 from dsh_schedule.shared.core.fold import fold, fold_events
 from dsh_schedule.shared.core.instant import format_instant, parse_instant
 from dsh_schedule.shared.core.records import (
     AtSchedule,
     Change,
+    DispatchChange,
     EverySchedule,
     Schedule,
     UpdateChange,
@@ -121,6 +124,9 @@ END_ERRORS = [
                  {"until": "2026-12-01T12:30:00Z"}, "invalid_rule", id="until before the target"),
     pytest.param(EVERY, {"after_seconds": 60, "count": 2}, "invalid_rule",
                  id="a one-shot timing with count"),
+    pytest.param(EverySchedule(id="schedule-1", prompt="p", everySeconds=600, scheduledAt=T,
+                               until="2026-12-01T12:30:00.000Z"),
+                 {"every_seconds": 3600}, "invalid_rule", id="a new target past until"),
 ]
 
 
@@ -130,3 +136,49 @@ def test_end_conditions_that_cannot_hold_are_refused(record: Schedule, args: dic
     with pytest.raises(ToolError) as caught:
         updated(record, args)
     assert caught.value.code == code
+
+
+ARGS = st.fixed_dictionaries({}, optional={
+    "prompt": st.sampled_from(["check", "new", " x "]),
+    "after_seconds": st.integers(1, 4000),
+    "every_seconds": st.sampled_from([300, 600, 900]),
+    "at": st.sampled_from(["2026-12-01T12:30:00Z", "2026-12-01T11:00:00Z"]),
+    "paused": st.booleans(),
+    "until": st.sampled_from(["2026-12-01T12:20:00Z", "2026-12-01T14:00:00Z"]),
+    "count": st.integers(1, 4),
+})
+RECORDS = st.sampled_from([
+    EVERY, AT, EverySchedule(id="schedule-1", prompt="p", everySeconds=600, scheduledAt=T,
+                             count=3, until="2026-12-01T13:00:00.000Z"),
+])
+
+
+@settings(max_examples=500, deadline=None)
+@given(RECORDS, ARGS, st.booleans(), st.integers(0, 3),
+       st.sampled_from([0, 700_000, 3_000_000]))
+def test_every_update_the_request_builds_replays(record: Schedule, args: dict[str, Any],
+                                                 pause: bool, dispatches: int, later: int) -> None:
+    """Whatever it is asked, the tool's half answers a code, builds nothing, or builds a
+    record replay accepts: it never writes what a fold would reject."""
+    before: list[Change] = []
+    at_ms = NOW
+    for n in range(dispatches if isinstance(record, EverySchedule) else 0):
+        before.append(DispatchChange(id="schedule-1", acceptedAt=format_instant(at_ms)))
+        at_ms = NOW + (n + 1) * record.everySeconds * 1000
+    if pause:
+        before.append(UpdateChange(id="schedule-1", paused=True))
+    try:
+        ended = not fold(log(create_change(record), *before)).active
+    except ScheduleLogError:
+        ended = True
+    if ended:
+        return  # the record ended before the update: the tool answers not found
+    keys = [k for k in ("after_seconds", "every_seconds", "at") if k in args]
+    for extra in keys[1:]:
+        del args[extra]
+    if not args:
+        return
+    try:
+        updated(record, args, now=NOW + later, before=tuple(before))
+    except ToolError:
+        pass
