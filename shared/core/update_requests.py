@@ -15,16 +15,23 @@ Not offered by any tool yet: this is the pure half of the tool, checked as creat
 ``build_update`` runs in the transaction with the record the id names and one ``now``:
 the timing and ``until`` resolve as create resolves a selector and ``at`` (the same
 errors); an end condition on a one-shot, ``count`` not above the deliveries made, or
-``until`` before the target answer ``invalid_rule``.
+``until`` before the target answer ``invalid_rule``; a recurring result that would let the
+session's recurring batch pass the delivery line's bound answers ``invalid_prompt``, as a
+create does (``batchbound``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import msgspec
 
+from dsh_schedule.shared.core.batchbound import (
+    MAX_LINE_BYTES,
+    batch_limit_message,
+    fits_one_batch,
+)
 from dsh_schedule.shared.core.errors import ToolError
 from dsh_schedule.shared.core.fold import EMPTY
 from dsh_schedule.shared.core.instant import MAX_SAFE_INTEGER, format_instant, parse_instant
@@ -37,6 +44,7 @@ from dsh_schedule.shared.core.records import (
     Schedule,
     UpdateChange,
 )
+from dsh_schedule.shared.core.replay import apply_update
 from dsh_schedule.shared.core.requests import (
     CALENDAR_SELECTOR_KEYS,
     SELECTOR_KEYS,
@@ -109,12 +117,27 @@ def parse_update_args(
 
 
 def build_update(
-    request: UpdateRequest, record: Schedule, now_ms: int, zone: Callable[[], str]
+    request: UpdateRequest, record: Schedule, now_ms: int, zone: Callable[[], str], *,
+    active: Iterable[Schedule] = (), line_bytes: int = MAX_LINE_BYTES,
 ) -> UpdateChange | None:
     """The update record ``request`` makes of the active ``record`` at ``now_ms``; None
     when it changes nothing (nothing is appended). Raises the errors of the timing and
-    ``until`` as create raises them, and ``invalid_rule`` for an end condition that
-    cannot hold."""
+    ``until`` as create raises them, ``invalid_rule`` for an end condition that cannot
+    hold, and, as create does, ``invalid_prompt`` when the updated record, recurring,
+    would let the session's recurring batch (``active``) pass ``line_bytes``."""
+    change = _update_change(request, record, now_ms, zone)
+    if change is None:
+        return None
+    updated = apply_update(record, change)
+    others = [r for r in active if r.id != record.id]
+    if isinstance(updated, RECURRING_TYPES) and not fits_one_batch(others, updated, line_bytes):
+        raise ToolError("invalid_prompt", batch_limit_message(line_bytes))
+    return change
+
+
+def _update_change(
+    request: UpdateRequest, record: Schedule, now_ms: int, zone: Callable[[], str]
+) -> UpdateChange | None:
     fields: dict[str, Any] = {}
     if request.prompt is not None and request.prompt != record.prompt:
         fields["prompt"] = request.prompt

@@ -182,3 +182,14 @@ def test_every_update_the_request_builds_replays(record: Schedule, args: dict[st
         updated(record, args, now=NOW + later, before=tuple(before))
     except ToolError:
         pass
+
+
+def test_an_edit_that_would_overflow_the_recurring_batch_answers_as_create_does() -> None:
+    """The session's recurring prompts together stay within one delivery line."""
+    other = EverySchedule(id="schedule-2", prompt="x" * 300, everySeconds=300, scheduledAt=T)
+    request = parse_update_args({"id": "schedule-1", "prompt": "y" * 300},
+                                max_prompt_bytes=LIMIT)
+    with pytest.raises(ToolError) as caught:
+        build_update(request, EVERY, NOW, utc, active=(EVERY, other), line_bytes=9000)
+    assert caught.value.code == "invalid_prompt"
+    assert build_update(request, AT, NOW, utc, active=(AT, other), line_bytes=9000) is not None
