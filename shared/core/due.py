@@ -41,7 +41,12 @@ def gate_opens_ms(state: FoldState) -> int | None:
 
 
 def due_decision(state: FoldState, now_ms: int) -> Decision:
-    targets = [(parse_instant(r.scheduledAt), index, r) for index, r in enumerate(state.active)]
+    # A paused record never fires and never enters a batch.
+    targets = [
+        (parse_instant(r.scheduledAt), index, r)
+        for index, r in enumerate(state.active)
+        if not r.paused
+    ]
     one_shots = [t for t in targets if not isinstance(t[2], RECURRING_TYPES) and t[0] <= now_ms]
     if one_shots:
         return DispatchOne(record=min(one_shots, key=lambda t: (t[0], t[1]))[2])

@@ -1,10 +1,11 @@
 """The Host-facing receipt projection of a dispatch (docs/architecture.md#receipts).
 
 ``reminder_presentation`` pairs a ``schedule/change`` dispatch with its nearest preceding
-same-id create and replays that record up to the dispatch to name the occurrence it
-delivered. The current fork's ``seed_length`` is a hard boundary for the fork's own
-dispatches; inherited dispatches search their persisted prefix back to the start.
-Presentation never changes live ownership: it only reads the log.
+same-id create and replays that record through the same-id updates, dispatches and deletes
+up to the dispatch, so the receipt shows the prompt and occurrence in force at it (those
+of the nearest preceding create or update). The current fork's ``seed_length`` is a hard
+boundary for the fork's own dispatches; inherited dispatches search their persisted prefix
+back to the start. Presentation never changes live ownership: it only reads the log.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from dsh_schedule.shared.core.records import (
     DeleteChange,
     DispatchChange,
     Schedule,
+    UpdateChange,
     decode_change,
 )
-from dsh_schedule.shared.core.replay import Delivery, deliver
+from dsh_schedule.shared.core.replay import Delivery, apply_update, deliver
 
 RECEIPT_LABEL: Final = "session-local"
+
+_Later = DeleteChange | DispatchChange | UpdateChange
 
 
 class Presentation(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,10 +115,10 @@ def _decode(event: Event) -> Change:
 
 def _find_create(
     events: Sequence[Event], dispatch: DispatchChange, dispatch_seq: int, floor: int
-) -> tuple[Schedule, list[tuple[int, DeleteChange | DispatchChange]]]:
+) -> tuple[Schedule, list[tuple[int, _Later]]]:
     """The record of the nearest same-id create at or after ``floor``, and the same-id
-    deletes and dispatches (with their seqs) between it and the dispatch, in log order."""
-    between: list[tuple[int, DeleteChange | DispatchChange]] = []
+    deletes, dispatches and updates (with their seqs) between it and the dispatch, in log order."""
+    between: list[tuple[int, _Later]] = []
     for seq in range(dispatch_seq - 1, floor - 1, -1):
         event = events[seq]
         if event.type != SCHEDULE_CHANGE:
@@ -132,7 +136,7 @@ def _find_create(
 
 
 def _replay(
-    record: Schedule, changes: list[tuple[int, DeleteChange | DispatchChange]]
+    record: Schedule, changes: list[tuple[int, _Later]]
 ) -> Schedule | None:
     """The record as of the end of ``changes``; None once it has ended."""
     current: Schedule | None = record
@@ -141,6 +145,11 @@ def _replay(
             raise ScheduleLogError(f"{change.operation} of inactive schedule id {change.id!r}", seq)
         if isinstance(change, DeleteChange):
             current = None
+        elif isinstance(change, UpdateChange):
+            try:
+                current = apply_update(current, change)
+            except ScheduleLogError as exc:
+                raise ScheduleLogError(exc.reason, seq) from None
         else:
             current = _deliver(current, change, seq).following
     return current

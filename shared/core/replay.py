@@ -4,13 +4,14 @@
 ``deliver`` is what one dispatch does to the record it names: which occurrence it
 delivered and what the record becomes. ``Replay`` applies whole changes to a fold in
 progress and adds the session-wide rules (ids created once, only active records change,
-recurring batches at least 300 seconds apart). The fold, the ledger of dispatches and the
+recurring batches at least 300 seconds apart). ``apply_update`` is what one
+``update`` does to the record it names. The fold, the ledger of dispatches and the
 receipt projection all replay through this module, so they cannot disagree.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -20,6 +21,8 @@ from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.instant import MAX_MS, format_instant, parse_instant
 from dsh_schedule.shared.core.records import (
     RECURRING_TYPES,
+    AfterSchedule,
+    AtSchedule,
     Change,
     CreateChange,
     CronSchedule,
@@ -28,6 +31,8 @@ from dsh_schedule.shared.core.records import (
     EverySchedule,
     RecurringSchedule,
     Schedule,
+    UpdateChange,
+    check_until,
 )
 from dsh_schedule.shared.core.timesel import load_zone
 
@@ -66,15 +71,27 @@ def advance_every(record: EverySchedule, accepted_ms: int) -> EverySchedule | No
 
 
 def _following(record: EverySchedule, occurrence_ms: int) -> EverySchedule | None:
-    """The record once ``occurrence_ms`` was delivered; None past the last instant."""
+    """The record once ``occurrence_ms`` was delivered; None past the last instant or
+    once it has reached its end condition."""
     following = occurrence_ms + record.everySeconds * 1000
     if following > MAX_MS:
         return None
-    return EverySchedule(
-        id=record.id,
-        prompt=record.prompt,
-        everySeconds=record.everySeconds,
-        scheduledAt=format_instant(following),
+    return _continued(record, following)
+
+
+_RecurringT = TypeVar("_RecurringT", EverySchedule, CronSchedule)
+
+
+def _continued(record: _RecurringT, following_ms: int) -> _RecurringT | None:
+    """``record`` after one more delivery, its next target ``following_ms``; None when
+    that delivery reached ``count`` or the next target would pass ``until``."""
+    delivered = record.deliveredCount + 1
+    if record.count is not None and delivered >= record.count:
+        return None
+    if record.until is not None and following_ms > parse_instant(record.until):
+        return None
+    return msgspec.structs.replace(
+        record, scheduledAt=format_instant(following_ms), deliveredCount=delivered
     )
 
 
@@ -97,13 +114,7 @@ def advance_cron(record: CronSchedule, accepted_ms: int) -> CronSchedule | None:
     following = next_after(parse_rule(record.cron), load_zone(record.timeZone), accepted_ms)
     if following is None:
         return None
-    return CronSchedule(
-        id=record.id,
-        prompt=record.prompt,
-        cron=record.cron,
-        timeZone=record.timeZone,
-        scheduledAt=format_instant(following),
-    )
+    return _continued(record, following)
 
 
 def _recurring_delivery(record: RecurringSchedule, accepted_ms: int) -> tuple[int, Schedule | None]:
@@ -145,6 +156,8 @@ def deliver(record: Schedule, dispatch: DispatchChange) -> Delivery:
     if not isinstance(record, RECURRING_TYPES):
         if dispatch.acceptedAt is not None:
             raise ScheduleLogError("one-shot dispatch carries acceptedAt")
+        if record.paused:
+            raise ScheduleLogError(f"dispatch of paused schedule id {record.id!r}")
         return Delivery(
             record=record,
             occurrence_ms=parse_instant(record.scheduledAt),
@@ -153,6 +166,8 @@ def deliver(record: Schedule, dispatch: DispatchChange) -> Delivery:
         )
     if dispatch.acceptedAt is None:
         raise ScheduleLogError("recurring dispatch lacks acceptedAt")
+    if record.paused:
+        raise ScheduleLogError(f"dispatch of paused schedule id {record.id!r}")
     accepted = parse_instant(dispatch.acceptedAt)
     if accepted < parse_instant(record.scheduledAt):
         raise ScheduleLogError("recurring dispatch accepted before its target")
@@ -190,6 +205,9 @@ class Replay:
         if isinstance(change, DeleteChange):
             del self._active[change.id]
             return None
+        if isinstance(change, UpdateChange):
+            self._active[change.id] = apply_update(record, change)
+            return None
         delivery = deliver(record, change)
         if delivery.accepted_ms is not None:
             self._open_batch(delivery.accepted_ms)
@@ -214,3 +232,103 @@ class Replay:
             created=frozenset(self._created),
             last_batch_ms=self._last_batch_ms,
         )
+
+
+def apply_update(record: Schedule, change: UpdateChange) -> Schedule:
+    """``record`` after ``change`` (docs/decisions.md#lifecycle-editing-pausing-and-ending-
+    reminders): ScheduleLogError when a field it carries changes nothing, an end condition
+    lands on a one-shot, ``count`` is not above the deliveries made, ``until`` is before the
+    target, or a resume moves the target anywhere but to a later occurrence."""
+    updated = record
+    if change.prompt is not None:
+        if change.prompt == record.prompt:
+            raise ScheduleLogError("update leaves the prompt unchanged")
+        updated = msgspec.structs.replace(updated, prompt=change.prompt)
+    if change.kind is not None:
+        updated = _retimed(updated, change)
+        if updated.kind == record.kind and updated.scheduledAt == record.scheduledAt and (
+            _timing(updated) == _timing(record)
+        ):
+            raise ScheduleLogError("update leaves the timing unchanged")
+    if change.paused is not None:
+        if change.paused == record.paused:
+            raise ScheduleLogError("update leaves paused unchanged")
+        updated = msgspec.structs.replace(updated, paused=change.paused)
+    if change.kind is None and change.scheduledAt is not None:
+        updated = _resumed(updated, record, change.scheduledAt)
+    if change.until is not None or change.count is not None:
+        if not isinstance(updated, RECURRING_TYPES):
+            raise ScheduleLogError("update puts an end condition on a one-shot")
+        updated = _ended(updated, change)
+    if isinstance(updated, RECURRING_TYPES) and updated.until is not None:
+        check_until(updated.until, updated.scheduledAt)
+    return updated
+
+
+def _timing(record: Schedule) -> tuple[object, ...]:
+    if isinstance(record, AfterSchedule):
+        return (record.afterSeconds,)
+    if isinstance(record, EverySchedule):
+        return (record.everySeconds,)
+    if isinstance(record, CronSchedule):
+        return (record.cron, record.timeZone)
+    return ()
+
+
+def _retimed(record: Schedule, change: UpdateChange) -> Schedule:
+    """``record`` with the timing ``change`` carries: the id, prompt and pause kept; the
+    end conditions and the count of deliveries kept only from recurring to recurring."""
+    # decode_change guarantees each kind's fields; the checks only narrow their types.
+    at = change.scheduledAt
+    if at is None:
+        raise ScheduleLogError("update timing lacks scheduledAt")
+    if change.kind == "after" and change.afterSeconds is not None:
+        return AfterSchedule(id=record.id, prompt=record.prompt, afterSeconds=change.afterSeconds,
+                             scheduledAt=at, paused=record.paused)
+    if change.kind == "at":
+        return AtSchedule(id=record.id, prompt=record.prompt, scheduledAt=at, paused=record.paused)
+    until = record.until if isinstance(record, RECURRING_TYPES) else None
+    count = record.count if isinstance(record, RECURRING_TYPES) else None
+    delivered = record.deliveredCount if isinstance(record, RECURRING_TYPES) else 0
+    if change.kind == "every" and change.everySeconds is not None:
+        return EverySchedule(id=record.id, prompt=record.prompt, everySeconds=change.everySeconds,
+                             scheduledAt=at, until=until, count=count, paused=record.paused,
+                             deliveredCount=delivered)
+    if change.kind != "cron" or change.cron is None or change.timeZone is None:
+        raise ScheduleLogError("update timing lacks its fields")
+    return CronSchedule(id=record.id, prompt=record.prompt, cron=change.cron,
+                        timeZone=change.timeZone, scheduledAt=at, until=until, count=count,
+                        paused=record.paused, deliveredCount=delivered)
+
+
+def _resumed(updated: Schedule, record: Schedule, scheduled_at: str) -> Schedule:
+    """A resume that moves a recurring record's target: only from a paused record, only
+    to a later occurrence of the same timing."""
+    if not isinstance(updated, RECURRING_TYPES) or not record.paused:
+        raise ScheduleLogError("update moves the target of a record it does not resume")
+    target = parse_instant(record.scheduledAt)
+    moved = parse_instant(scheduled_at)
+    if moved <= target:
+        raise ScheduleLogError("a resume moves the target back or nowhere")
+    if isinstance(updated, EverySchedule):
+        aligned = (moved - target) % (updated.everySeconds * 1000) == 0
+    else:
+        zone = load_zone(updated.timeZone)
+        aligned = next_after(parse_rule(updated.cron), zone, moved - 1) == moved
+    if not aligned:
+        raise ScheduleLogError("a resume moves the target off its occurrences")
+    return msgspec.structs.replace(updated, scheduledAt=scheduled_at)
+
+
+def _ended(record: RecurringSchedule, change: UpdateChange) -> RecurringSchedule:
+    if change.until is not None:
+        if change.until == record.until:
+            raise ScheduleLogError("update leaves until unchanged")
+        record = msgspec.structs.replace(record, until=change.until)
+    if change.count is not None:
+        if change.count == record.count:
+            raise ScheduleLogError("update leaves count unchanged")
+        if change.count <= record.deliveredCount:
+            raise ScheduleLogError("update sets count at or below the deliveries made")
+        record = msgspec.structs.replace(record, count=change.count)
+    return record

@@ -22,16 +22,20 @@ from dsh_schedule.shared.core.records import (
     CronSchedule,
     EverySchedule,
     Schedule,
+    has_end,
 )
 
 DELIVERY_MODE: Final = "session-local"
 NOT_FOUND_CODE: Final = "schedule_not_found"
 
-ViewState = Literal["scheduled", "overdue"]
+ViewState = Literal["scheduled", "overdue", "paused"]
 
 
 def view_state(record: Schedule, now_ms: int) -> ViewState:
-    """``overdue`` once ``now`` has reached the record's target, else ``scheduled``."""
+    """``paused`` while paused; else ``overdue`` once ``now`` has reached the record's
+    target, else ``scheduled``."""
+    if record.paused:
+        return "paused"
     return "overdue" if now_ms >= parse_instant(record.scheduledAt) else "scheduled"
 
 
@@ -62,6 +66,14 @@ def schedule_view(record: Schedule, state: FoldState, now_ms: int) -> dict[str, 
         view["cron"] = record.cron
         view["timeZone"] = record.timeZone
     view["scheduledAt"] = record.scheduledAt
+    # End conditions (docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders):
+    # shown only on a record that has one, so every other view is as before.
+    if has_end(record) and isinstance(record, RECURRING_TYPES):
+        if record.until is not None:
+            view["until"] = record.until
+        if record.count is not None:
+            view["count"] = record.count
+        view["deliveredCount"] = record.deliveredCount
     view["state"] = view_state(record, now_ms)
     view["deliveryMode"] = DELIVERY_MODE
     not_before = delivery_not_before_ms(record, state, now_ms)
