@@ -14,6 +14,7 @@ The store is for a local filesystem whose ``flock`` and ``fsync`` are coherent.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import functools
 import itertools
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
-from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.store.codec import (
@@ -38,10 +39,20 @@ from dsh_schedule.shared.store.codec import (
     fork_header,
     number_events,
 )
+from dsh_schedule.shared.store.dueindex import (
+    DUE_DIRECTORY,
+    DUE_SUFFIX,
+    Recorded,
+    due_of,
+    due_page,
+    read_recorded,
+    write_recorded,
+)
 from dsh_schedule.shared.store.flushing import flush_one_by_one
+from dsh_schedule.shared.store.foldcache import touches_schedule
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
 from dsh_schedule.shared.store.lazylog import read_range
-from dsh_schedule.shared.store.port import SessionExists, missing_session
+from dsh_schedule.shared.store.port import DUE_PAGE, DueEntry, SessionExists, missing_session
 from dsh_schedule.shared.store.sessioncache import (
     CachedSession,
     CacheStats,
@@ -307,6 +318,8 @@ class JsonlStore:
             except OSError:
                 stamp = None  # the next read opens the file
             entry.appended(candidates, lines, stamp)
+            if stamp is not None and touches_schedule(candidates):
+                self._index_due(session_id, entry, stamp)
         return candidates
 
     def flush(self, session_id: str) -> None:
@@ -471,6 +484,59 @@ class JsonlStore:
         file from then on)."""
         if self._fs_sync is not None:
             self._fs_sync.close()
+
+    # -- the index of next due moments ----------------------------------------------------
+
+    def due_index(
+        self, *, before_ms: int | None = None, after: str | None = None, limit: int = DUE_PAGE
+    ) -> list[DueEntry]:
+        ids = self.sessions()
+        start = 0 if after is None else bisect.bisect_right(ids, after)
+        return due_page(ids[start:], self._due_entry, before_ms=before_ms, limit=limit)
+
+    def _due_entry(self, session_id: str) -> DueEntry | None:
+        """The session's entry: as recorded when it matches the log's stamp (one ``stat``,
+        no read of the log), else folded from the log and recorded again."""
+        try:
+            stamp = file_stamp(os.stat(self.path(session_id)))
+        except FileNotFoundError:
+            return None  # gone since it was listed
+        except OSError as exc:
+            raise PersistenceError(f"cannot look up session {session_id!r}") from exc
+        recorded = read_recorded(self._due_path(session_id))
+        if recorded is None or recorded.stamp != stamp:
+            try:
+                recorded = self._refold_due(session_id)
+            except ScheduleLogError as exc:
+                logger.warning("session %r has no due moment: its log does not read (%s)",
+                               session_id, exc)
+                return None
+        if recorded.due_ms is None:
+            return None
+        return DueEntry(session_id, recorded.due_ms, recorded.length)
+
+    def _refold_due(self, session_id: str) -> Recorded:
+        """Fold the session's log (this store continues from what it has cached) and record
+        its entry, under the log's shared flock so no append comes in between."""
+        with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, fd, _):
+            entry.require_header(session_id)
+            try:
+                stamp = file_stamp(os.fstat(fd))
+            except OSError as exc:
+                raise PersistenceError(f"cannot look up session {session_id!r}") from exc
+            return self._index_due(session_id, entry, stamp)
+
+    def _index_due(self, session_id: str, entry: CachedSession, stamp: tuple[int, ...]
+                   ) -> Recorded:
+        """Record the entry of ``entry`` (caught up with the file at ``stamp``, its flock
+        held): best effort, a stale entry is folded again when read."""
+        recorded = Recorded(due_of(entry.digest), entry.length, stamp)
+        write_recorded(self._root / DUE_DIRECTORY,
+                       escape_session_id(session_id) + DUE_SUFFIX, recorded)
+        return recorded
+
+    def _due_path(self, session_id: str) -> Path:
+        return self._root / DUE_DIRECTORY / (escape_session_id(session_id) + DUE_SUFFIX)
 
     # -- overridable I/O primitives (tests inject faults here) ---------------------------
 

@@ -1,0 +1,52 @@
+"""The JSONL store's index of next due moments, beyond the store contract: one entry file
+per session under ``<root>/.due/`` that never changes a log's bytes, and entries that are
+unreadable, copied-in logs and failed index writes are answered from the log."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.port import DueEntry
+from tests.adapters.test_store_contract import EARLIER, WHEN, at_create, header, message
+
+
+def test_the_index_never_changes_a_log_and_is_not_a_session(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path)
+    store.create(header("s1"))
+    store.append("s1", [at_create("r1")], 0)
+    before = store.path("s1").read_bytes()
+    (tmp_path / ".due" / "s1.due").write_bytes(b"{torn")  # an unreadable entry
+    # when
+    assert store.due_index() == [DueEntry("s1", parse_instant(WHEN), 1)]
+    # then: the log's bytes are as written; the index's directory is no session
+    assert store.path("s1").read_bytes() == before
+    assert store.sessions() == ["s1"]
+    assert b'"due":' + str(parse_instant(WHEN)).encode() in (tmp_path / ".due" / "s1.due").read_bytes()
+
+
+def test_a_copied_in_log_is_folded_by_another_store(tmp_path: Path) -> None:
+    # given: a log written elsewhere, copied in without its entry
+    source = JsonlStore(tmp_path / "elsewhere")
+    source.create(header("s1"))
+    source.append("s1", [at_create("r1", when=EARLIER)], 0)
+    target = JsonlStore(tmp_path / "here")
+    target.create(header("s0"))
+    shutil.copy(source.path("s1"), tmp_path / "here" / source.path("s1").name)
+    # then
+    assert JsonlStore(tmp_path / "here").due_index() == [
+        DueEntry("s1", parse_instant(EARLIER), 1)]
+
+
+def test_an_index_write_that_fails_leaves_the_append_and_the_answer_right(tmp_path: Path) -> None:
+    # given: the index's directory cannot be made (a file holds its name)
+    store = JsonlStore(tmp_path)
+    (tmp_path / ".due").write_bytes(b"")
+    store.create(header("s1"))
+    # when: the append succeeds though its entry cannot be written
+    store.append("s1", [at_create("r1"), message("hi")], 0)
+    # then: the answer comes from the log
+    assert store.due_index() == [DueEntry("s1", parse_instant(WHEN), 2)]
+    assert len(store.read("s1").events) == 2
