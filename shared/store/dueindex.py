@@ -98,7 +98,7 @@ def decode_recorded(data: bytes) -> Recorded | None:
         return None
 
 
-def read_recorded(path: Path) -> Recorded | None:
+def read_recorded(path: str) -> Recorded | None:
     """The entry at ``path``; None when it is missing or unreadable (folded again)."""
     try:
         with open(path, "rb") as file:

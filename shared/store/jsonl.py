@@ -22,6 +22,7 @@ import logging
 import os
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -76,6 +77,10 @@ DEFAULT_CACHE_MB: Final[int] = 256
 _COPY_BLOCK: Final[int] = 1024 * 1024
 # How many sessions' file paths a store keeps formatted.
 _PATHS_KEPT: Final[int] = 65_536
+# A listing of the directory is kept for the due index only when it was taken this long
+# after the directory last changed: a later change then moves the modification time
+# even where the file system's clock is coarse.
+_LISTING_MARGIN_NS: Final[int] = 2_000_000_000
 
 def _open(path: Path, flags: int, session_id: str) -> int:
     try:
@@ -197,6 +202,9 @@ class JsonlStore:
         self._paths = functools.lru_cache(maxsize=_PATHS_KEPT)(
             functools.partial(_session_path, self._root))
         self._owed = _OwedBytes()
+        # The sorted escaped ids and the directory's (inode, modification time) they were
+        # listed at (``_stems``).
+        self._listing: tuple[tuple[int, int], list[str]] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JsonlStore:
@@ -490,21 +498,47 @@ class JsonlStore:
     def due_index(
         self, *, before_ms: int | None = None, after: str | None = None, limit: int = DUE_PAGE
     ) -> list[DueEntry]:
-        ids = self.sessions()
-        start = 0 if after is None else bisect.bisect_right(ids, after)
-        return due_page(ids[start:], self._due_entry, before_ms=before_ms, limit=limit)
+        stems = self._stems()
+        start = 0 if after is None else bisect.bisect_right(stems, escape_session_id(after))
+        return due_page(stems[start:], self._due_entry, before_ms=before_ms, limit=limit)
 
-    def _due_entry(self, session_id: str) -> DueEntry | None:
-        """The session's entry: as recorded when it matches the log's stamp (one ``stat``,
-        no read of the log), else folded from the log and recorded again."""
+    def _stems(self) -> list[str]:
+        """The escaped ids of the sessions, sorted. A listing is kept while the directory
+        is unchanged since: it is listed again when its modification time moved, or when
+        the kept listing was taken too close to that time to tell a later change by it."""
         try:
-            stamp = file_stamp(os.stat(self.path(session_id)))
+            before = os.stat(self._root)
+            kept = self._listing
+            if kept is not None and kept[0] == (before.st_ino, before.st_mtime_ns):
+                return kept[1]
+            listed_ns = time.time_ns()
+            names = os.listdir(self._root)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise PersistenceError("cannot list the sessions directory") from exc
+        stems = sorted(name[: -len(SUFFIX)] for name in names
+                       if name.endswith(SUFFIX) and not name.startswith("."))
+        if listed_ns - before.st_mtime_ns > _LISTING_MARGIN_NS:
+            self._listing = ((before.st_ino, before.st_mtime_ns), stems)
+        return stems
+
+    def _due_entry(self, stem: str) -> DueEntry | None:
+        """The entry of the session whose escaped id is ``stem``: as recorded when it
+        matches the log's stamp (one ``stat``, no read of the log), else folded from the
+        log and recorded again. None for a file name no id escapes to."""
+        try:
+            st = os.stat(os.path.join(self._root, stem + SUFFIX))
         except FileNotFoundError:
             return None  # gone since it was listed
         except OSError as exc:
-            raise PersistenceError(f"cannot look up session {session_id!r}") from exc
-        recorded = read_recorded(self._due_path(session_id))
-        if recorded is None or recorded.stamp != stamp:
+            raise PersistenceError(f"cannot look up session file {stem!r}") from exc
+        recorded = read_recorded(os.path.join(self._root, DUE_DIRECTORY, stem + DUE_SUFFIX))
+        try:
+            session_id = unescape_session_id(stem)
+        except ValueError:
+            return None  # not a file this store wrote
+        if recorded is None or recorded.stamp != file_stamp(st):
             try:
                 recorded = self._refold_due(session_id)
             except ScheduleLogError as exc:
@@ -534,9 +568,6 @@ class JsonlStore:
         write_recorded(self._root / DUE_DIRECTORY,
                        escape_session_id(session_id) + DUE_SUFFIX, recorded)
         return recorded
-
-    def _due_path(self, session_id: str) -> Path:
-        return self._root / DUE_DIRECTORY / (escape_session_id(session_id) + DUE_SUFFIX)
 
     # -- overridable I/O primitives (tests inject faults here) ---------------------------
 

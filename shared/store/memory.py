@@ -159,9 +159,11 @@ class MemoryStore:
         self, *, before_ms: int | None = None, after: str | None = None, limit: int = DUE_PAGE
     ) -> list[DueEntry]:
         with self._lock:
-            ids = sorted(self._logs)
-            start = 0 if after is None else bisect.bisect_right(ids, after)
-            return due_page(ids[start:], self._due_entry, before_ms=before_ms, limit=limit)
+            by_key = {escape_session_id(session_id): session_id for session_id in self._logs}
+            keys = sorted(by_key)
+            start = 0 if after is None else bisect.bisect_right(keys, escape_session_id(after))
+            ids = [by_key[key] for key in keys[start:]]
+            return due_page(ids, self._due_entry, before_ms=before_ms, limit=limit)
 
     # -- the index's faults and inspection (the crash between a log and its index) -------
 

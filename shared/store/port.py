@@ -132,7 +132,8 @@ class SessionStore(Protocol):
     ) -> list[DueEntry]:
         """One page of the index of each session's next due moment (docs/architecture.md#
         the-index-of-next-due-moments): the sessions after the session id ``after`` (None:
-        from the first), in the store's own order of ids, that have a next due moment (and,
+        from the first), in the order of their escaped ids (``ids.escape_session_id``, the
+        same in every store), that have a next due moment (and,
         with ``before_ms``, one before it); at most ``limit`` (>= 1) of them. A page
         shorter than ``limit`` is the last; the next page starts ``after`` the last id of
         this one.

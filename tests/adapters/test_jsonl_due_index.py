@@ -4,6 +4,7 @@ unreadable, copied-in logs and failed index writes are answered from the log."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -51,3 +52,17 @@ def test_an_index_write_that_fails_leaves_the_append_and_the_answer_right(tmp_pa
     # then: the answer comes from the log
     assert store.due_index() == [DueEntry("s1", parse_instant(WHEN), 2)]
     assert len(store.read("s1").events) == 2
+
+
+def test_a_session_made_after_a_kept_listing_is_found(tmp_path: Path) -> None:
+    # given: a listing kept (the directory last changed long before it was taken)
+    store = JsonlStore(tmp_path)
+    store.create(header("s1"))
+    store.append("s1", [at_create("r1")], 0)
+    os.utime(tmp_path, ns=(0, 0))
+    assert [e.session_id for e in store.due_index()] == ["s1"]
+    # when: another session appears (the directory's modification time moves)
+    store.create(header("s2"))
+    store.append("s2", [at_create("r1")], 0)
+    # then
+    assert [e.session_id for e in store.due_index()] == ["s1", "s2"]

@@ -592,6 +592,18 @@ def test_the_due_index_pages_and_filters_by_the_due_moment(store: SessionStore) 
         store.due_index(limit=0)
 
 
+def test_the_due_index_pages_through_hostile_ids_in_escaped_order(store: SessionStore) -> None:
+    for session_id in HOSTILE_IDS:
+        store.create(header(session_id))
+        store.append(session_id, [at_create("r1")], 0)
+    seen: list[str] = []
+    after: str | None = None
+    while page := store.due_index(after=after, limit=3):
+        seen.extend(entry.session_id for entry in page)
+        after = page[-1].session_id
+    assert seen == sorted(HOSTILE_IDS, key=escape_session_id)
+
+
 def test_a_log_grown_after_its_due_entry_is_folded_again(apart: IndexHarness) -> None:
     # given: the entry of a reminder due at WHEN
     harness = apart
