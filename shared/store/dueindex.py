@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 DUE_DIRECTORY: Final[str] = ".due"
 DUE_SUFFIX: Final[str] = ".due"
 _FORMAT: Final[int] = 1
+_STAGING_FLAGS: Final[int] = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 def due_of(digest: LogDigest) -> int | None:
@@ -112,16 +113,24 @@ def write_recorded(directory: Path, name: str, recorded: Recorded) -> bool:
     """Replace the entry ``name`` in ``directory`` at once (no flush: a lost entry no
     longer matches its log and is folded again). False, logged, when it could not be
     written: the old entry stays and no longer matches either."""
-    staging = directory / f".{uuid.uuid4().hex}.tmp"
+    staging = os.path.join(directory, f".{uuid.uuid4().hex}.tmp")
     try:
-        directory.mkdir(exist_ok=True)
-        with open(staging, "wb") as file:
-            file.write(encode_recorded(recorded))
-        os.replace(staging, directory / name)
+        try:
+            fd = os.open(staging, _STAGING_FLAGS, 0o666)
+        except FileNotFoundError:
+            directory.mkdir(exist_ok=True)
+            fd = os.open(staging, _STAGING_FLAGS, 0o666)
+        try:
+            data = encode_recorded(recorded)
+            if os.write(fd, data) != len(data):
+                raise OSError("short write")
+        finally:
+            os.close(fd)
+        os.replace(staging, os.path.join(directory, name))
     except OSError:
         logger.warning("could not write the due index entry %s", name, exc_info=True)
         try:
-            staging.unlink(missing_ok=True)
+            os.unlink(staging)
         except OSError:
             pass
         return False
