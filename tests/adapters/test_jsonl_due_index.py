@@ -11,7 +11,14 @@ from pathlib import Path
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.port import DueEntry
-from tests.adapters.test_store_contract import EARLIER, WHEN, at_create, header, message
+from tests.adapters.test_store_contract import (
+    EARLIER,
+    WHEN,
+    FaultyJsonlStore,
+    at_create,
+    header,
+    message,
+)
 
 
 def test_the_index_never_changes_a_log_and_is_not_a_session(tmp_path: Path) -> None:
@@ -66,3 +73,18 @@ def test_a_session_made_after_a_kept_listing_is_found(tmp_path: Path) -> None:
     store.append("s2", [at_create("r1")], 0)
     # then
     assert [e.session_id for e in store.due_index()] == ["s1", "s2"]
+
+
+def test_a_fresh_store_answers_a_current_index_without_opening_a_log(tmp_path: Path) -> None:
+    # given: the index written by one store (another process, before a restart)
+    writer = JsonlStore(tmp_path)
+    for i in range(20):
+        writer.create(header(f"s{i}"))
+        writer.append(f"s{i}", [at_create("r1")], 0)
+    # when: a store that has read nothing pages through it
+    reader = FaultyJsonlStore(tmp_path)
+    entries = reader.due_index(limit=7) + reader.due_index(after="s7", limit=7)
+    # then: no log was opened (escaped-id order: s0, s1, s10 ... s19, s2 ... s9)
+    assert [e.session_id for e in entries] == ["s0", "s1", "s10", "s11", "s12", "s13", "s14",
+                                               "s8", "s9"]
+    assert reader.log_opens == 0
