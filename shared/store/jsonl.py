@@ -550,15 +550,28 @@ class JsonlStore:
         return DueEntry(session_id, recorded.due_ms, recorded.length)
 
     def _refold_due(self, session_id: str) -> Recorded:
-        """Fold the session's log (this store continues from what it has cached) and record
-        its entry, under the log's shared flock so no append comes in between."""
-        with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, fd, _):
-            entry.require_header(session_id)
-            try:
-                stamp = file_stamp(os.fstat(fd))
-            except OSError as exc:
-                raise PersistenceError(f"cannot look up session {session_id!r}") from exc
-            return self._index_due(session_id, entry, stamp)
+        """Fold the session's log and record its entry, under the log's shared flock so no
+        append comes in between. A session this store caches continues from its entry;
+        any other is folded on an entry of its own, so a scan of the whole store leaves
+        the cache as it found it."""
+        if self._cache.peek(session_id) is not None:
+            with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, fd, _):
+                return self._refolded(session_id, entry, fd)
+        fd, st = self._open_locked(session_id, os.O_RDONLY, fcntl.LOCK_SH)
+        try:
+            entry = CachedSession()
+            entry.sync(fd, st, session_id)
+            return self._refolded(session_id, entry, fd)
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _refolded(self, session_id: str, entry: CachedSession, fd: int) -> Recorded:
+        entry.require_header(session_id)
+        try:
+            stamp = file_stamp(os.fstat(fd))
+        except OSError as exc:
+            raise PersistenceError(f"cannot look up session {session_id!r}") from exc
+        return self._index_due(session_id, entry, stamp)
 
     def _index_due(self, session_id: str, entry: CachedSession, stamp: tuple[int, ...]
                    ) -> Recorded:

@@ -88,3 +88,16 @@ def test_a_fresh_store_answers_a_current_index_without_opening_a_log(tmp_path: P
     assert [e.session_id for e in entries] == ["s0", "s1", "s10", "s11", "s12", "s13", "s14",
                                                "s8", "s9"]
     assert reader.log_opens == 0
+
+
+def test_a_scan_leaves_the_cache_as_it_found_it(tmp_path: Path) -> None:
+    writer = JsonlStore(tmp_path)
+    for i in range(5):
+        writer.create(header(f"s{i}"))
+        writer.append(f"s{i}", [at_create("r1")], 0)
+    shutil.rmtree(tmp_path / ".due")
+    reader = JsonlStore(tmp_path)
+    # when: the scan folds every log
+    assert len(reader.due_index()) == 5
+    # then: it cached none of them
+    assert reader.cache_stats().entries == 0
