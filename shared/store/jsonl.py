@@ -14,6 +14,7 @@ The store is for a local filesystem whose ``flock`` and ``fsync`` are coherent.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import functools
 import itertools
@@ -21,13 +22,14 @@ import logging
 import os
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
-from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.store.codec import (
@@ -38,10 +40,20 @@ from dsh_schedule.shared.store.codec import (
     fork_header,
     number_events,
 )
+from dsh_schedule.shared.store.dueindex import (
+    DUE_DIRECTORY,
+    DUE_SUFFIX,
+    Recorded,
+    due_of,
+    due_page,
+    read_recorded,
+    write_recorded,
+)
 from dsh_schedule.shared.store.flushing import flush_one_by_one
+from dsh_schedule.shared.store.foldcache import touches_schedule
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
 from dsh_schedule.shared.store.lazylog import read_range
-from dsh_schedule.shared.store.port import SessionExists, missing_session
+from dsh_schedule.shared.store.port import DUE_PAGE, DueEntry, SessionExists, missing_session
 from dsh_schedule.shared.store.sessioncache import (
     CachedSession,
     CacheStats,
@@ -65,6 +77,10 @@ DEFAULT_CACHE_MB: Final[int] = 256
 _COPY_BLOCK: Final[int] = 1024 * 1024
 # How many sessions' file paths a store keeps formatted.
 _PATHS_KEPT: Final[int] = 65_536
+# A listing of the directory is kept for the due index only when it was taken this long
+# after the directory last changed: a later change then moves the modification time
+# even where the file system's clock is coarse.
+_LISTING_MARGIN_NS: Final[int] = 2_000_000_000
 
 def _open(path: Path, flags: int, session_id: str) -> int:
     try:
@@ -186,6 +202,9 @@ class JsonlStore:
         self._paths = functools.lru_cache(maxsize=_PATHS_KEPT)(
             functools.partial(_session_path, self._root))
         self._owed = _OwedBytes()
+        # The sorted escaped ids and the directory's (inode, modification time) they were
+        # listed at (``_stems``).
+        self._listing: tuple[tuple[int, int], list[str]] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JsonlStore:
@@ -307,6 +326,8 @@ class JsonlStore:
             except OSError:
                 stamp = None  # the next read opens the file
             entry.appended(candidates, lines, stamp)
+            if stamp is not None and touches_schedule(candidates):
+                self._index_due(session_id, entry, stamp)
         return candidates
 
     def flush(self, session_id: str) -> None:
@@ -471,6 +492,95 @@ class JsonlStore:
         file from then on)."""
         if self._fs_sync is not None:
             self._fs_sync.close()
+
+    # -- the index of next due moments ----------------------------------------------------
+
+    def due_index(
+        self, *, before_ms: int | None = None, after: str | None = None, limit: int = DUE_PAGE
+    ) -> list[DueEntry]:
+        stems = self._stems()
+        start = 0 if after is None else bisect.bisect_right(stems, escape_session_id(after))
+        return due_page(stems[start:], self._due_entry, before_ms=before_ms, limit=limit)
+
+    def _stems(self) -> list[str]:
+        """The escaped ids of the sessions, sorted. A listing is kept while the directory
+        is unchanged since: it is listed again when its modification time moved, or when
+        the kept listing was taken too close to that time to tell a later change by it."""
+        try:
+            before = os.stat(self._root)
+            kept = self._listing
+            if kept is not None and kept[0] == (before.st_ino, before.st_mtime_ns):
+                return kept[1]
+            listed_ns = time.time_ns()
+            names = os.listdir(self._root)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise PersistenceError("cannot list the sessions directory") from exc
+        stems = sorted(name[: -len(SUFFIX)] for name in names
+                       if name.endswith(SUFFIX) and not name.startswith("."))
+        if listed_ns - before.st_mtime_ns > _LISTING_MARGIN_NS:
+            self._listing = ((before.st_ino, before.st_mtime_ns), stems)
+        return stems
+
+    def _due_entry(self, stem: str) -> DueEntry | None:
+        """The entry of the session whose escaped id is ``stem``: as recorded when it
+        matches the log's stamp (one ``stat``, no read of the log), else folded from the
+        log and recorded again. None for a file name no id escapes to."""
+        try:
+            st = os.stat(os.path.join(self._root, stem + SUFFIX))
+        except FileNotFoundError:
+            return None  # gone since it was listed
+        except OSError as exc:
+            raise PersistenceError(f"cannot look up session file {stem!r}") from exc
+        recorded = read_recorded(os.path.join(self._root, DUE_DIRECTORY, stem + DUE_SUFFIX))
+        try:
+            session_id = unescape_session_id(stem)
+        except ValueError:
+            return None  # not a file this store wrote
+        if recorded is None or recorded.stamp != file_stamp(st):
+            try:
+                recorded = self._refold_due(session_id)
+            except ScheduleLogError as exc:
+                logger.warning("session %r has no due moment: its log does not read (%s)",
+                               session_id, exc)
+                return None
+        if recorded.due_ms is None:
+            return None
+        return DueEntry(session_id, recorded.due_ms, recorded.length)
+
+    def _refold_due(self, session_id: str) -> Recorded:
+        """Fold the session's log and record its entry, under the log's shared flock so no
+        append comes in between. A session this store caches continues from its entry;
+        any other is folded on an entry of its own, so a scan of the whole store leaves
+        the cache as it found it."""
+        if self._cache.peek(session_id) is not None:
+            with self._synced(session_id, os.O_RDONLY, fcntl.LOCK_SH) as (entry, fd, _):
+                return self._refolded(session_id, entry, fd)
+        fd, st = self._open_locked(session_id, os.O_RDONLY, fcntl.LOCK_SH)
+        try:
+            entry = CachedSession()
+            entry.sync(fd, st, session_id)
+            return self._refolded(session_id, entry, fd)
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _refolded(self, session_id: str, entry: CachedSession, fd: int) -> Recorded:
+        entry.require_header(session_id)
+        try:
+            stamp = file_stamp(os.fstat(fd))
+        except OSError as exc:
+            raise PersistenceError(f"cannot look up session {session_id!r}") from exc
+        return self._index_due(session_id, entry, stamp)
+
+    def _index_due(self, session_id: str, entry: CachedSession, stamp: tuple[int, ...]
+                   ) -> Recorded:
+        """Record the entry of ``entry`` (caught up with the file at ``stamp``, its flock
+        held): best effort, a stale entry is folded again when read."""
+        recorded = Recorded(due_of(entry.digest), entry.length, stamp)
+        write_recorded(self._root / DUE_DIRECTORY,
+                       escape_session_id(session_id) + DUE_SUFFIX, recorded)
+        return recorded
 
     # -- overridable I/O primitives (tests inject faults here) ---------------------------
 

@@ -8,6 +8,7 @@ tracked (``unflushed``) but never lost.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Sequence
 
@@ -15,9 +16,10 @@ from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError
 from dsh_schedule.shared.core.events import Event, EventLog, NewEvent, Session, SessionHeader
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.store.codec import fork_header, number_events, stored_event
-from dsh_schedule.shared.store.foldcache import LogDigest
+from dsh_schedule.shared.store.dueindex import due_of, due_page
+from dsh_schedule.shared.store.foldcache import LogDigest, touches_schedule
 from dsh_schedule.shared.store.ids import escape_session_id
-from dsh_schedule.shared.store.port import SessionExists, missing_session
+from dsh_schedule.shared.store.port import DUE_PAGE, DueEntry, SessionExists, missing_session
 
 
 class _Log:
@@ -30,6 +32,9 @@ class _Log:
         self.durable = len(self.events)
         self.digest = LogDigest(header.seedLength or 0)
         self.digest.feed(self.events)
+        # The index entry: (next due moment, the log length it was derived from); None
+        # until one is written (an append of a schedule/change) or folded (due_index).
+        self.due: tuple[int | None, int] | None = None
 
     def session(self) -> Session:
         return Session(
@@ -56,6 +61,8 @@ class MemoryStore:
         self.fail_flushes = False
         self.fail_reads = False
         self.flush_calls: list[str] = []
+        # How often a log was read: ``read``, ``load`` and folds of the due index.
+        self.log_reads = 0
 
     # -- fault injection and inspection -------------------------------------------------
 
@@ -133,6 +140,8 @@ class MemoryStore:
                 raise PersistenceError(f"injected write failure for session {session_id!r}")
             log.events.extend(candidates)
             log.digest.feed(candidates)
+            if touches_schedule(candidates):
+                log.due = (due_of(log.digest), len(log.events))
             return candidates
 
     def flush(self, session_id: str) -> None:
@@ -146,7 +155,38 @@ class MemoryStore:
                 raise PersistenceError(f"injected flush failure for session {session_id!r}")
             log.durable = len(log.events)
 
+    def due_index(
+        self, *, before_ms: int | None = None, after: str | None = None, limit: int = DUE_PAGE
+    ) -> list[DueEntry]:
+        with self._lock:
+            by_key = {escape_session_id(session_id): session_id for session_id in self._logs}
+            keys = sorted(by_key)
+            start = 0 if after is None else bisect.bisect_right(keys, escape_session_id(after))
+            ids = [by_key[key] for key in keys[start:]]
+            return due_page(ids, self._due_entry, before_ms=before_ms, limit=limit)
+
+    # -- the index's faults and inspection (the crash between a log and its index) -------
+
+    def due_entries(self) -> dict[str, tuple[int | None, int] | None]:
+        """Every session's index entry as kept (None: none kept)."""
+        with self._lock:
+            return {session_id: log.due for session_id, log in self._logs.items()}
+
+    def set_due_entry(self, session_id: str, entry: tuple[int | None, int] | None) -> None:
+        """Put back an index entry (``due_entries``), as a crash between the two writes
+        leaves it; None drops it."""
+        with self._lock:
+            self._get(session_id).due = entry
+
     # -- internals ------------------------------------------------------------------------
+
+    def _due_entry(self, session_id: str) -> DueEntry | None:
+        log = self._logs[session_id]
+        if log.due is None or log.due[1] != len(log.events):
+            self.log_reads += 1  # the log is folded again
+            log.due = (due_of(log.digest), len(log.events))
+        due_ms, length = log.due
+        return None if due_ms is None else DueEntry(session_id, due_ms, length)
 
     def _get(self, session_id: str) -> _Log:
         escape_session_id(session_id)
@@ -157,6 +197,7 @@ class MemoryStore:
 
     def _readable(self, session_id: str) -> _Log:
         log = self._get(session_id)
+        self.log_reads += 1
         if self.fail_reads:
             raise PersistenceError(f"injected read failure for session {session_id!r}")
         return log

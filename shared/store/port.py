@@ -12,7 +12,7 @@ store adds ``sessioncache`` (what it keeps per file, within a byte budget) and `
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, NamedTuple, Protocol
 
 from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import Event, NewEvent, Session, SessionHeader
@@ -25,6 +25,19 @@ class SessionExists(PersistenceError):
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         super().__init__(f"session {session_id!r} already exists")
+
+
+# How many entries ``SessionStore.due_index`` answers at most, unless asked for another number.
+DUE_PAGE: Final[int] = 1000
+
+
+class DueEntry(NamedTuple):
+    """One session of the index of next due moments: ``due_ms`` is
+    ``core.due.next_due_moment_ms`` of the session's fold at log length ``length``."""
+
+    session_id: str
+    due_ms: int
+    length: int
 
 
 class SessionStore(Protocol):
@@ -114,10 +127,33 @@ class SessionStore(Protocol):
         """
         ...
 
+    def due_index(
+        self, *, before_ms: int | None = None, after: str | None = None, limit: int = DUE_PAGE
+    ) -> list[DueEntry]:
+        """One page of the index of each session's next due moment (docs/architecture.md#
+        the-index-of-next-due-moments): the sessions after the session id ``after`` (None:
+        from the first), in the order of their escaped ids (``ids.escape_session_id``, the
+        same in every store), that have a next due moment (and,
+        with ``before_ms``, one before it); at most ``limit`` (>= 1) of them. A page
+        shorter than ``limit`` is the last; the next page starts ``after`` the last id of
+        this one.
+
+        The log stays the authority: an entry is derived from the log at ``length`` and a
+        log that grew since (a crash between the append and the index write, a copied-in
+        file) is folded again before it is answered, as is a session with no entry or an
+        unreadable one. So an answer is never later than the log's fold says: a stale
+        entry can only make a timer early. A session that has nothing active, or whose
+        own Schedule records do not fold, has no entry. Each page is read at its own
+        moment: a session whose entry changes while the pages are read (an append, which
+        re-arms its own timer) may be answered twice or not at all.
+        ``PersistenceError`` when the index or a log cannot be read.
+        """
+        ...
+
 
 def missing_session(session_id: str) -> PersistenceError:
     """The error for a session that does not exist (never an empty log)."""
     return PersistenceError(f"session {session_id!r} does not exist")
 
 
-__all__ = ["SessionExists", "SessionStore", "missing_session"]
+__all__ = ["DUE_PAGE", "DueEntry", "SessionExists", "SessionStore", "missing_session"]

@@ -58,7 +58,7 @@ from dsh_schedule.shared.store.codec import (
 )
 from dsh_schedule.shared.store.foldcache import LogDigest, touches_schedule
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
-from dsh_schedule.shared.store.port import SessionExists, missing_session
+from dsh_schedule.shared.store.port import DUE_PAGE, DueEntry, SessionExists, missing_session
 from dsh_schedule.shared.store.sessioncache import RECENT_BYTES, RECENT_EVENTS
 from dsh_schedule.shared.store.transfer import check_lines
 
@@ -130,6 +130,14 @@ SELECT e.seq, e.line FROM {EVENTS} e JOIN {SESSIONS} s ON s.id = e.session_id
 WHERE s.id = %(id)s AND s.token = %(token)s AND e.seq >= %(start)s AND e.seq < %(stop)s
 ORDER BY e.seq
 """
+
+# One page of the index of next due moments (``due_index``), in row key order.
+_DUE_PAGE_QUERY: Final = f"""
+SELECT id, next_due_ms, next_due_length FROM {SESSIONS}
+WHERE next_due_ms IS NOT NULL AND next_due_ms < %(before)s AND id > %(after)s
+ORDER BY id LIMIT %(limit)s
+"""
+_NO_LATER_MS: Final = 2**63 - 1
 
 _ENTRY_BYTES: Final = 1024
 _EVENT_BYTES: Final = 400
@@ -455,6 +463,20 @@ class PostgresStore:
                     break
                 after = rows[-1][0]
         return sorted(ids)
+
+    def due_index(
+        self, *, before_ms: int | None = None, after: str | None = None, limit: int = DUE_PAGE
+    ) -> list[DueEntry]:
+        # The column is written in the append's own transaction: always current, never
+        # folded again here.
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        params = {"before": _NO_LATER_MS if before_ms is None else before_ms,
+                  "after": "" if after is None else _key(after), "limit": limit}
+        with self._connection("read the index of next due moments") as conn:
+            rows = conn.execute(_DUE_PAGE_QUERY, params).fetchall()
+        return [DueEntry(unescape_session_id(key), int(due), int(length))
+                for key, due, length in rows]
 
     def read(self, session_id: str) -> Session:
         return self._caught_up(session_id, lambda entry: self._session(session_id, entry))

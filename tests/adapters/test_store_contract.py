@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ import pytest
 
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
+from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.store.ids import escape_session_id
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.memory import MemoryStore
-from dsh_schedule.shared.store.port import SessionExists, SessionStore
+from dsh_schedule.shared.store.port import DueEntry, SessionExists, SessionStore
 from dsh_schedule.shared.store.postgres import PostgresStore
 from tests.postgres_server import require_postgres
 
@@ -27,8 +30,8 @@ WHEN = "2026-12-01T16:00:00.000Z"
 HOSTILE_IDS = ["../x", "a/b", "é", "%2F", ".", "..", "A", "a", " padded ", "line\nbreak", "\u2603"]
 
 
-def at_create(schedule_id: str, prompt: str = "call back") -> NewEvent:
-    schedule = {"id": schedule_id, "kind": "at", "prompt": prompt, "scheduledAt": WHEN}
+def at_create(schedule_id: str, prompt: str = "call back", when: str = WHEN) -> NewEvent:
+    schedule = {"id": schedule_id, "kind": "at", "prompt": prompt, "scheduledAt": when}
     data = {"version": 1, "operation": "create", "schedule": schedule}
     return NewEvent(type=SCHEDULE_CHANGE, time=T0, data=data)
 
@@ -61,6 +64,11 @@ class FaultyJsonlStore(JsonlStore):
         super().__init__(root)
         self.write_failures = 0
         self.fsync_failures = 0
+        self.log_opens = 0
+
+    def _open_locked(self, session_id: str, flags: int, operation: int) -> tuple[int, Any]:
+        self.log_opens += 1  # every read of a log that is not answered from the cache
+        return super()._open_locked(session_id, flags, operation)
 
     def _write(self, fd: int, data: bytes, offset: int) -> None:
         if self.write_failures:
@@ -104,12 +112,34 @@ class Harness:
     break_next_flush: Callable[[], None]
 
 
-def _memory_harness(_: Path) -> Harness:
+@dataclass
+class IndexHarness(Harness):
+    """A store whose index of next due moments is written apart from its logs, so a crash
+    can part them: keep a session's entry and put it back later (a crash between the log's
+    write and the index's), drop the whole index, count log reads."""
+
+    keep_due_entry: Callable[[str], object]
+    put_back_due_entry: Callable[[str, object], None]
+    drop_due_index: Callable[[], None]
+    log_reads: Callable[[], int]
+
+
+def _memory_harness(_: Path) -> IndexHarness:
     store = MemoryStore()
-    return Harness(store, store.fail_next_append, store.fail_next_flush)
+
+    def drop() -> None:
+        for session_id in store.sessions():
+            store.set_due_entry(session_id, None)
+
+    return IndexHarness(
+        store, store.fail_next_append, store.fail_next_flush,
+        lambda session_id: store.due_entries()[session_id],
+        lambda session_id, kept: store.set_due_entry(session_id, kept),  # type: ignore[arg-type]
+        drop, lambda: store.log_reads,
+    )
 
 
-def _jsonl_harness(root: Path) -> Harness:
+def _jsonl_harness(root: Path) -> IndexHarness:
     store = FaultyJsonlStore(root / "sessions")
 
     def break_write() -> None:
@@ -118,7 +148,18 @@ def _jsonl_harness(root: Path) -> Harness:
     def break_flush() -> None:
         store.fsync_failures += 1
 
-    return Harness(store, break_write, break_flush)
+    def entry_path(session_id: str) -> Path:
+        return store.root / ".due" / (escape_session_id(session_id) + ".due")
+
+    def put_back(session_id: str, kept: object) -> None:
+        assert isinstance(kept, bytes)
+        entry_path(session_id).write_bytes(kept)
+
+    return IndexHarness(
+        store, break_write, break_flush,
+        lambda session_id: entry_path(session_id).read_bytes(), put_back,
+        lambda: shutil.rmtree(store.root / ".due"), lambda: store.log_opens,
+    )
 
 
 def _postgres_harness(_: Path) -> Harness:
@@ -147,6 +188,14 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
     finally:
         if isinstance(made.store, PostgresStore):
             made.store.close()
+
+
+@pytest.fixture(params=[_memory_harness, _jsonl_harness], ids=["memory", "jsonl"])
+def apart(request: pytest.FixtureRequest, tmp_path: Path) -> IndexHarness:
+    """The stores whose index is written apart from the log (the PostgreSQL store writes
+    it in the append's own transaction: nothing can part them)."""
+    made: IndexHarness = request.param(tmp_path)
+    return made
 
 
 @pytest.fixture
@@ -489,3 +538,113 @@ def test_the_fake_checks_the_fence_and_invariant_before_an_injected_write_failur
         with pytest.raises(PersistenceError):
             store.append("s1", [message("a")], 0)
     assert store.append("s1", [message("a")], 0)[0].seq == 0
+
+
+# -- the index of next due moments ----------------------------------------------------------
+
+EARLIER = "2026-06-01T08:00:00.000Z"
+
+
+def all_due(store: SessionStore, **kwargs: Any) -> list[DueEntry]:
+    return store.due_index(**kwargs)
+
+
+def test_the_due_index_follows_creates_deletes_and_dispatches(store: SessionStore) -> None:
+    # given: a reminder, one deleted, one dispatched, a session with none and a fork
+    for session_id in ["a", "b", "c", "d"]:
+        store.create(header(session_id))
+    store.append("a", [at_create("r1")], 0)
+    store.append("b", [at_create("r1")], 0)
+    store.append("b", [delete("r1")], 1)
+    store.append("c", [at_create("r1", when=EARLIER), at_create("r2")], 0)
+    store.append("c", [dispatch("r1")], 2)
+    store.append("d", [message("hi")], 0)
+    store.fork("a", "e", created_at_ms=T0)
+    # when / then: each session's next due moment and the length it was derived from
+    assert all_due(store) == [DueEntry("a", parse_instant(WHEN), 1),
+                              DueEntry("c", parse_instant(WHEN), 3)]
+    # and: a later append is followed, the dispatch of the last reminder removes it
+    store.append("c", [dispatch("r2")], 3)
+    store.append("a", [at_create("r0", when=EARLIER)], 1)
+    assert all_due(store) == [DueEntry("a", parse_instant(EARLIER), 2)]
+
+
+def test_the_due_index_pages_and_filters_by_the_due_moment(store: SessionStore) -> None:
+    ids = [f"s{i}" for i in range(5)]
+    for i, session_id in enumerate(ids):
+        store.create(header(session_id))
+        store.append(session_id, [at_create("r1", when=EARLIER if i % 2 else WHEN)], 0)
+    # when: paged two at a time
+    pages: list[list[DueEntry]] = []
+    after: str | None = None
+    while True:
+        page = store.due_index(after=after, limit=2)
+        pages.append(page)
+        if len(page) < 2:
+            break
+        after = page[-1].session_id
+    # then: every session once, in order; a short page is the last
+    assert [[e.session_id for e in page] for page in pages] == [["s0", "s1"], ["s2", "s3"], ["s4"]]
+    # and: before_ms keeps the moments strictly before it
+    assert [e.session_id for e in store.due_index(before_ms=parse_instant(WHEN))] == ["s1", "s3"]
+    assert store.due_index(before_ms=parse_instant(EARLIER)) == []
+    with pytest.raises(ValueError):
+        store.due_index(limit=0)
+
+
+def test_the_due_index_pages_through_hostile_ids_in_escaped_order(store: SessionStore) -> None:
+    for session_id in HOSTILE_IDS:
+        store.create(header(session_id))
+        store.append(session_id, [at_create("r1")], 0)
+    seen: list[str] = []
+    after: str | None = None
+    while page := store.due_index(after=after, limit=3):
+        seen.extend(entry.session_id for entry in page)
+        after = page[-1].session_id
+    assert seen == sorted(HOSTILE_IDS, key=escape_session_id)
+
+
+def test_a_log_grown_after_its_due_entry_is_folded_again(apart: IndexHarness) -> None:
+    # given: the entry of a reminder due at WHEN
+    harness = apart
+    store = harness.store
+    store.create(header("s1"))
+    store.append("s1", [at_create("r1")], 0)
+    kept = harness.keep_due_entry("s1")
+    # when: an earlier reminder is appended and the entry written before it comes back
+    # (a crash between the append and the index write)
+    store.append("s1", [at_create("r0", when=EARLIER)], 1)
+    harness.put_back_due_entry("s1", kept)
+    reads = harness.log_reads()
+    # then: the log is folded again: the earlier moment, never the stale later one
+    assert all_due(store) == [DueEntry("s1", parse_instant(EARLIER), 2)]
+    assert harness.log_reads() > reads
+    # and: the entry was written again, so the next answer reads no log
+    reads = harness.log_reads()
+    assert all_due(store) == [DueEntry("s1", parse_instant(EARLIER), 2)]
+    assert harness.log_reads() == reads
+
+
+def test_a_dropped_due_index_is_rebuilt_by_one_scan_and_then_reads_no_logs(
+    apart: IndexHarness,
+) -> None:
+    # given: ten sessions, six with a reminder, and their index
+    harness = apart
+    store = harness.store
+    for i in range(10):
+        store.create(header(f"s{i}"))
+        store.append(f"s{i}", [at_create("r1") if i < 6 else message("hi")], 0)
+    expected = [DueEntry(f"s{i}", parse_instant(WHEN), 1) for i in range(6)]
+    assert all_due(store) == expected
+    # when: the index is current, it is answered without reading any log
+    reads = harness.log_reads()
+    assert all_due(store) == expected
+    assert harness.log_reads() == reads
+    # when: the whole index is lost
+    harness.drop_due_index()
+    # then: one scan reads each log once and answers the same
+    assert all_due(store) == expected
+    assert harness.log_reads() == reads + 10
+    # and: after it, no log is read again
+    assert all_due(store) == expected
+    assert harness.log_reads() == reads + 10
