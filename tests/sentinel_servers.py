@@ -15,7 +15,8 @@ from types import TracebackType
 
 import redis
 
-from tests.redis_server import _PRE_EXEC, START_TIMEOUT_S, free_port, redis_server_binary
+from tests.children import PRE_EXEC
+from tests.redis_server import START_TIMEOUT_S, free_port, redis_server_binary
 
 SERVICE = "schedule"
 SENTINELS = 3
@@ -41,7 +42,7 @@ class _Process:
              "--dir", str(self.directory), "--logfile", str(self.log_path),
              "--daemonize", "no", *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_PRE_EXEC,
+            preexec_fn=PRE_EXEC,
         )
 
     def client(self) -> redis.Redis:
