@@ -62,9 +62,9 @@ PROCESS_FIGURES: dict[str, tuple[set[str], set[str]]] = {
     "idle": (
         {"agents", "host_processes", "workers", "ready_seconds", "warmup_s", "ours", "bare",
          "ratio", "ratio_commands", "bytes_per_agent", "bytes_by_key", "host_rss_mib",
-         "worker_rss_mib", "flush_recovery_seconds"},
+         "worker_rss_mib", "flush_recovery_seconds", "arming", "flush_arming"},
         {"agents", "ready_seconds", "warmup_s", "bytes_per_agent", "host_rss_mib",
-         "worker_rss_mib", "flush_recovery_seconds"},
+         "worker_rss_mib", "flush_recovery_seconds", "arming", "flush_arming"},
     ),
     "burst": (
         {"agents", "created", "errors", "due_at", "slack_s", "dispatched", "delivered",
