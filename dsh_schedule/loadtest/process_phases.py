@@ -106,7 +106,7 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
         def armed() -> bool:
             return int(rt.client.zcard(scheduled)) >= n and queue_idle(rt.client, queue)
 
-        def arm_all(what: str, start: Callable[[], None]) -> tuple[float, ArmCurve]:
+        def arm_all(what: str, start: Callable[[], object]) -> tuple[float, ArmCurve]:
             """``start``, then wait until every agent is armed: the seconds it took from
             the start, and the arming curve."""
             watch = Stopwatch()

@@ -247,8 +247,8 @@ class SessionCache:
     After every use of an entry (``settle``), entries are dropped oldest first until
     their accounted bytes fit ``budget_bytes``; the entry just used is kept even when it
     alone is larger. A settle looks at the entries it drops and no other (O(1) amortised
-    per use, whatever the number cached). A dropped entry still serves the thread using it, and is no longer
-    counted. Thread-safe.
+    per use, whatever the number cached). A dropped entry still serves the thread using
+    it, and is no longer counted. Thread-safe.
     """
 
     def __init__(self, budget_bytes: int) -> None:
