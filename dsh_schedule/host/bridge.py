@@ -170,16 +170,18 @@ class HostBridge:
         renewal = self._coord.leases.renew_host(
             self.host, now_ms=self._clock(), ttl_s=self._settings.lease_ttl_s)
         with self._state:
-            served, digest = list(self._served), self._digest
+            serving, digest = len(self._served), self._digest
         first, self._held = not self._held, True
         if renewal.was_valid and renewal.digest != digest:
+            served = self.served
             log.warning("the lease entries of host %s differ from the %d agent(s) it "
                         "serves; writing them again", self.host, len(served))
             new = self._install_again(self._not_moved(served))
             self._coord.leases.reset_digest(self.host, self.digest)
             return new
-        if renewal.was_valid and renewal.served >= len(served):
-            return []
+        if renewal.was_valid and renewal.served >= serving:
+            return []  # the usual renewal: nothing walked or copied, however many agents
+        served = self.served
         if renewal.was_valid:
             served = self._missing(served)
         elif first:

@@ -98,6 +98,33 @@ def test_a_renewal_and_a_reconcile_pass_send_the_same_commands_for_50_or_5000_ag
     assert sum(passes.values()) < 3 * 10
 
 
+class _CountingServed(dict[str, None]):
+    """A bridge's served agents, counting every agent an iteration hands out."""
+
+    visited = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for agent in super().__iter__():
+            self.visited += 1
+            yield agent
+
+
+def test_a_renewal_walks_none_of_the_agents_a_host_serves(
+    redis_server: RedisServer, settings: Settings
+) -> None:
+    """A renewal that finds every lease in place costs the host no walk over its agents,
+    nor a copy of them (it compares two counts)."""
+    clock = FakeClock()
+    host = _host_with(2_000, redis_server.client(), settings, clock)
+    bridge = host.plugin.bridge
+    counting = _CountingServed(bridge._served)
+    bridge._served = counting
+    for _ in range(3):
+        clock.advance(20)
+        assert host.plugin.renew_leases() == []
+    assert counting.visited == 0
+
+
 # -- processes ------------------------------------------------------------------------------
 
 
