@@ -50,7 +50,6 @@ HEARTBEAT_EVERY_S: Final = 1.0
 HEARTBEAT_FRESH_S: Final = 15.0
 RECONCILE_TTL_S: Final = 86_400
 NEXT_WAKES: Final = 5
-CHECK_BATCH: Final = 1_000
 _WAKE_PREFIX: Final = "wake_"
 _LIVE_PER_QUEUE: Final = lua("live_per_queue")  # lua/live_per_queue.lua
 _ENQUEUED_AT: Final = "enqueued_at"
