@@ -10,9 +10,16 @@ decide, and the two keys the scheduler leaves for them.
 - **The last reconcile** (``Keys.scheduler_reconcile``): a summary of the last rebuild or
   reconcile pass, kept for ``RECONCILE_TTL_S``.
 
-Healthy means: the scheduler heartbeat is fresh, and every queue that has live agents has
-an rq worker registered on it (rq's worker registry, ``rq.Worker.all(queue=…)``; our worker
-leaves it within 90 s of being killed, a stock rq worker within rq's 480 s).
+Healthy means: the scheduler heartbeat is fresh, every queue that has live agents has a
+beating rq worker registered on it (rq's worker registry, ``rq.Worker.all(queue=…)``, less
+the workers of ours whose beat is overdue, ``Keys.worker_beats``: a killed worker of ours
+counts no more within its liveness window, 15 s by default; a stock rq worker, which does
+not beat there, counts while rq's registry holds it), and no wake has waited in such a
+queue longer than ``Settings.wake_wait_alarm_s``.
+
+Every read here is O(queues + hosts + workers), whatever the number of agents: live agents
+per queue from the hosts' served sets (``live_per_queue``), pending followups from the
+counter the followup scripts keep (``Followups.pending_total``).
 
 Reads Redis and rq only; imports none of the worker, scheduler or host modules (the
 scheduler and the host import this one).
@@ -28,10 +35,12 @@ from typing import Any, Final
 import msgspec
 import redis
 from rq import Queue, Worker
+from rq.utils import utcparse
 
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.clock import skew_note
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.scripts import lua
 from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.terminal import terminal_text
@@ -41,8 +50,9 @@ HEARTBEAT_EVERY_S: Final = 1.0
 HEARTBEAT_FRESH_S: Final = 15.0
 RECONCILE_TTL_S: Final = 86_400
 NEXT_WAKES: Final = 5
-CHECK_BATCH: Final = 1_000
 _WAKE_PREFIX: Final = "wake_"
+_LIVE_PER_QUEUE: Final = lua("live_per_queue")  # lua/live_per_queue.lua
+_ENQUEUED_AT: Final = "enqueued_at"
 
 
 class _Camel(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -109,13 +119,17 @@ class WorkerStatus(_Camel, frozen=True, kw_only=True, rename="camel"):
     state: str
     queues: list[str]
     last_heartbeat: str | None
+    # False: a worker of ours whose beat is overdue (killed, or hung); a stock rq worker,
+    # which does not beat in ``Keys.worker_beats``, is taken as beating.
+    beating: bool = True
 
 
 class QueueStatus(_Camel, frozen=True, kw_only=True, rename="camel"):
     name: str
     live_agents: int
-    followups_pending: int
     queued_jobs: int
+    # How long the oldest job still waiting in the queue has waited (None: none waits).
+    oldest_queued_seconds: float | None
     workers: list[WorkerStatus]
 
 
@@ -146,6 +160,8 @@ class Status(_Camel, frozen=True, kw_only=True, rename="camel"):
     next_wakes: list[WakeStatus]
     overdue_wakes: int
     oldest_overdue_seconds: float | None
+    # The longest any job has waited in a queue (a wake moved there, not yet taken).
+    oldest_queued_seconds: float | None
     followups_pending: int
     queues: list[QueueStatus]
     scheduler: HeartbeatStatus | None
@@ -188,48 +204,86 @@ def read_reconcile(client: redis.Redis, keys: Keys, *, now_ms: int) -> LastRecon
     )
 
 
-def live_by_queue(coord: Coordination, *, now_ms: int) -> dict[str, list[str]]:
-    """The live agents of each queue their lease names (the served sets of the live
-    hosts, then the queues of their members)."""
-    live = coord.leases.live_agents(now_ms=now_ms)
-    by_queue: dict[str, list[str]] = {}
-    for start in range(0, len(live), CHECK_BATCH):
-        batch = live[start : start + CHECK_BATCH]
-        for agent, queue in zip(batch, coord.leases.queues_of(batch), strict=True):
-            by_queue.setdefault(queue, []).append(agent)
-    return by_queue
+def live_per_queue(coord: Coordination, *, now_ms: int, default_queue: str) -> dict[str, int]:
+    """How many live agents each queue has: one script call over the live hosts' served
+    sets (a host serves every agent on its own queue; an agent whose lease names none is
+    on ``default_queue``). O(hosts)."""
+    hosts = coord.leases.live_hosts(now_ms=now_ms)
+    if not hosts:
+        return {}
+    keys = coord.keys
+    flat: Any = coord.client.eval(
+        _LIVE_PER_QUEUE, 1, keys.lease_queue(), keys.served(""), default_queue, *hosts)
+    return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
-def workers_on(client: redis.Redis, queue: str) -> list[WorkerStatus]:
-    """The rq workers registered on ``queue`` whose worker key is still alive."""
+class QueueFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What one queue holds and who serves it, as ``health`` and ``status`` read it."""
+
+    workers: list[WorkerStatus]
+    queued_jobs: int
+    oldest_queued_seconds: float | None
+
+    @property
+    def beating(self) -> bool:
+        return any(worker.beating for worker in self.workers)
+
+
+def read_queue(client: redis.Redis, queue: str, *, beats: tuple[int, dict[str, int]],
+               now_ms: int) -> QueueFacts:
+    """The rq workers registered on ``queue`` whose worker key is still alive, whether each
+    beats (``beats``: Redis's clock and ``WorkerLiveness.beats``), the jobs waiting in it,
+    and how long the oldest has (its rq ``enqueued_at``, by ``now_ms``)."""
+    redis_now, beat_by = beats
+    rq_queue = Queue(queue, connection=client)
     found: list[WorkerStatus] = []
-    for worker in Worker.all(queue=Queue(queue, connection=client)):
+    for worker in Worker.all(queue=rq_queue):
         beat = worker.last_heartbeat
+        name = str(worker.name)
+        due = beat_by.get(name)
         found.append(WorkerStatus(
-            name=str(worker.name),
+            name=name,
             hostname=_opt_text(worker.hostname),
             pid=worker.pid,
             state=_opt_text(getattr(worker.get_state(), "value", worker.get_state()))
             or "unknown",
-            queues=[str(name) for name in worker.queue_names()],
+            queues=[str(n) for n in worker.queue_names()],
             last_heartbeat=None if beat is None else beat.isoformat(),
+            beating=due is None or due >= redis_now,
         ))
-    return found
+    with client.pipeline(transaction=False) as pipe:
+        pipe.llen(rq_queue.key)
+        pipe.lrange(rq_queue.key, 0, 0)
+        queued, first = pipe.execute()
+    oldest: float | None = None
+    if first:
+        raw = client.hget(rq_queue.job_class.key_for(_text(first[0])), _ENQUEUED_AT)
+        if isinstance(raw, bytes | str):
+            try:
+                enqueued_ms = round(utcparse(_text(raw)).timestamp() * 1000)
+            except ValueError:
+                pass
+            else:
+                oldest = max(now_ms - enqueued_ms, 0) / 1000
+    return QueueFacts(workers=found, queued_jobs=int(queued), oldest_queued_seconds=oldest)
 
 
 def check_health(
     coord: Coordination,
+    settings: Settings,
     *,
     now_ms: int,
     queues: Sequence[str] | None = None,
     also: Sequence[str] = (),
     heartbeat: HeartbeatStatus | None = None,
-    by_queue: dict[str, list[str]] | None = None,
+    live: dict[str, int] | None = None,
+    facts: dict[str, QueueFacts] | None = None,
 ) -> Health:
-    """Healthy: the scheduler heartbeat is fresh and each queue checked has a worker. The
-    queues checked are ``queues`` (a host asks about its own) or, by default, every queue
-    that has live agents, plus ``also`` (queues named by the caller, live agents or not).
-    RedisError propagates."""
+    """Healthy: the scheduler heartbeat is fresh, and each queue checked has a beating
+    worker and no wake that has waited in it longer than ``settings.wake_wait_alarm_s``. The queues
+    checked are ``queues`` (a host asks about its own) or, by default, every queue that
+    has live agents, plus ``also`` (queues named by the caller, live agents or not).
+    ``live`` and ``facts``: what the caller read already. RedisError propagates."""
     client = coord.client
     if heartbeat is None:
         heartbeat = read_heartbeat(client, coord.keys)
@@ -246,20 +300,20 @@ def check_health(
         )
     wanted: dict[str, int | None] = {}
     if queues is None:
-        if by_queue is None:
-            by_queue = live_by_queue(coord, now_ms=now_ms)
-        wanted.update((queue, len(agents)) for queue, agents in by_queue.items())
+        if live is None:
+            live = live_per_queue(coord, now_ms=now_ms, default_queue=settings.queue)
+        wanted.update(live)
     else:
         wanted.update(dict.fromkeys(queues))
     for queue in also:
         wanted.setdefault(queue, None)
+    if facts is None:
+        beats = coord.workers.beats()
+        facts = {queue: read_queue(client, queue, beats=beats, now_ms=now_ms)
+                 for queue in wanted}
     for queue in sorted(wanted):
-        if not Worker.all(queue=Queue(queue, connection=client)):
-            live = wanted[queue]
-            problems.append(
-                f"queue {queue!r} has no worker" if live is None
-                else f"queue {queue!r} has {live} live agent(s) and no worker"
-            )
+        problems.extend(_queue_problems(queue, wanted[queue], facts[queue],
+                                        settings.wake_wait_alarm_s))
     clocks = skew_note(client, coord.keys, now_ms=now_ms)  # said, never unhealthy
     if problems or heartbeat is None:
         return Health(ok=False, reason="; ".join(problems) + clocks)
@@ -275,24 +329,31 @@ def check_health(
     )
 
 
+def _queue_problems(queue: str, live: int | None, facts: QueueFacts,
+                    wake_wait_alarm_s: float) -> list[str]:
+    problems: list[str] = []
+    has = (f"queue {queue!r} has" if live is None
+           else f"queue {queue!r} has {live} live agent(s) and")
+    if not facts.workers:
+        problems.append(f"{has} no worker")
+    elif not facts.beating:
+        problems.append(f"{has} no beating worker (its {len(facts.workers)} registered "
+                        "worker(s) stopped beating: killed, or hung)")
+    waited = facts.oldest_queued_seconds
+    if waited is not None and waited > wake_wait_alarm_s:
+        problems.append(f"a wake has waited {waited:.1f} s in queue {queue!r} (at most "
+                        f"{wake_wait_alarm_s:g} s: wake_wait_alarm_s)")
+    return problems
+
+
 def read_status(
     client: redis.Redis, settings: Settings, *, now_ms: int, next_count: int = NEXT_WAKES
 ) -> Status:
-    """Everything ``dsh-schedule status`` shows. Reads each live agent's followup stream
-    length (pipelined, ``CHECK_BATCH`` per round trip): an operator's command, not a
-    scrape."""
+    """Everything ``dsh-schedule status`` shows, in a number of commands that grows with
+    the queues, hosts and workers, never with the agents."""
     coord = Coordination(client, settings)
     keys = coord.keys
-    by_queue = live_by_queue(coord, now_ms=now_ms)
-    pending: dict[str, int] = {}
-    for queue, agents in by_queue.items():
-        total = 0
-        for start in range(0, len(agents), CHECK_BATCH):
-            with client.pipeline(transaction=False) as pipe:
-                for agent in agents[start : start + CHECK_BATCH]:
-                    pipe.xlen(keys.followups(agent))
-                total += sum(int(n) for n in pipe.execute())
-        pending[queue] = total
+    live = live_per_queue(coord, now_ms=now_ms, default_queue=settings.queue)
     schedule = keys.scheduled_jobs()
     now_score = now_ms / 1000
     with client.pipeline(transaction=False) as pipe:
@@ -306,29 +367,34 @@ def read_status(
         max(now_ms - round(float(first[0][1]) * 1000), 0) / 1000
         if overdue and first else None
     )
-    queue_names = sorted({*by_queue, settings.queue})
+    queue_names = sorted({*live, settings.queue})
+    beats = coord.workers.beats()
+    facts = {name: read_queue(client, name, beats=beats, now_ms=now_ms) for name in queue_names}
     queues = [
         QueueStatus(
             name=name,
-            live_agents=len(by_queue.get(name, [])),
-            followups_pending=pending.get(name, 0),
-            queued_jobs=int(Queue(name, connection=client).count),
-            workers=workers_on(client, name),
+            live_agents=live.get(name, 0),
+            queued_jobs=facts[name].queued_jobs,
+            oldest_queued_seconds=facts[name].oldest_queued_seconds,
+            workers=facts[name].workers,
         )
         for name in queue_names
     ]
+    waits = [q.oldest_queued_seconds for q in queues if q.oldest_queued_seconds is not None]
     heartbeat = read_heartbeat(client, keys)
-    health = check_health(coord, now_ms=now_ms, heartbeat=heartbeat, by_queue=by_queue)
+    health = check_health(coord, settings, now_ms=now_ms, heartbeat=heartbeat, live=live,
+                          facts=facts)
     return Status(
         prefix=settings.prefix,
         now=_instant(now_ms),
-        live_agents=sum(len(agents) for agents in by_queue.values()),
+        live_agents=sum(live.values()),
         ended_agents=int(ended),
         scheduled_wakes=int(scheduled),
         next_wakes=next_wakes,
         overdue_wakes=int(overdue),
         oldest_overdue_seconds=oldest_overdue,
-        followups_pending=sum(pending.values()),
+        oldest_queued_seconds=max(waits, default=None),
+        followups_pending=coord.followups.pending_total(),
         queues=queues,
         scheduler=heartbeat,
         last_reconcile=read_reconcile(client, keys, now_ms=now_ms),
@@ -366,18 +432,24 @@ def render_status(status: Status) -> str:
                f"{status.oldest_overdue_seconds:.1f} s"
                if status.oldest_overdue_seconds is not None else "none overdue")
     lines.append(f"scheduled wakes: {status.scheduled_wakes}; {overdue}")
+    queued = sum(queue.queued_jobs for queue in status.queues)
+    if status.oldest_queued_seconds is not None:
+        lines.append(f"queued wakes: {queued} job(s) waiting for a worker, the oldest for "
+                     f"{status.oldest_queued_seconds:.1f} s")
     for wake in status.next_wakes:
         named = "agent " + wake.agent if wake.agent is not None else wake.id
         lines.append(f"  next: {wake.due} (in {wake.due_in_seconds:.1f} s) "
                      f"{terminal_text(named)}")
     lines.append(f"followups pending: {status.followups_pending}")
     for queue in status.queues:
-        workers = ", ".join(f"{terminal_text(w.name)} ({terminal_text(w.state)})"
-                            for w in queue.workers) or "none"
+        workers = ", ".join(
+            f"{terminal_text(w.name)} ({terminal_text(w.state)}"
+            f"{'' if w.beating else ', NOT BEATING'})" for w in queue.workers) or "none"
+        oldest = ("" if queue.oldest_queued_seconds is None
+                  else f", the oldest waiting {queue.oldest_queued_seconds:.1f} s")
         lines.append(
             f"queue {terminal_text(queue.name)}: {queue.live_agents} live agent(s), "
-            f"{queue.followups_pending} followup(s) pending, {queue.queued_jobs} queued "
-            f"job(s); workers: {workers}"
+            f"{queue.queued_jobs} queued job(s){oldest}; workers: {workers}"
         )
     verdict = "ok" if status.health.ok else "UNHEALTHY"
     lines.append(f"health: {verdict}: {terminal_text(status.health.reason)}")

@@ -83,6 +83,7 @@ def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildR
     for")."""
     live = coord.leases.live_agents(now_ms=now_ms)
     coord.trigger_many(live)
+    coord.followups.recount_many(live)  # the pending-followups counter, put right
     return RebuildReport(woken=tuple(live), retired=tuple(_retire(coord, settings, now_ms)))
 
 
@@ -192,9 +193,8 @@ class Reconciler:
 
     def _record(self, report: ReconcileReport, hosts: Sequence[str], now_ms: int) -> None:
         """Leave the pass's summary for ``status`` (the live agents counted with one SCARD
-        per live host); set the gauges when metrics are on (one ZCARD, and, for the
-        pending followups, one XLEN per live agent in pipelines of ``CHECK_BATCH``: the
-        one read of every agent left, and only while metrics are on)."""
+        per live host); set the gauges when metrics are on (one ZCARD, and one GET of the
+        pending-followups counter)."""
         coord = self._coord
         recorder = metrics.get()
         live = coord.leases.count_served(hosts)
@@ -206,14 +206,7 @@ class Reconciler:
             return
         recorder.live_agents(live)
         recorder.scheduled_wakes(int(coord.client.zcard(coord.keys.scheduled_jobs())))
-        agents = coord.leases.live_agents(now_ms=now_ms)
-        pending = 0
-        for start in range(0, len(agents), CHECK_BATCH):
-            with coord.client.pipeline(transaction=False) as pipe:
-                for agent in agents[start : start + CHECK_BATCH]:
-                    pipe.xlen(coord.keys.followups(agent))
-                pending += sum(int(n) for n in pipe.execute())
-        recorder.followups_pending(pending)
+        recorder.followups_pending(coord.followups.pending_total())
 
     def _sweep(self, now_ms: int) -> list[str]:
         """The next slice of the sweep: as many agents as the time since the last pass is

@@ -46,6 +46,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     syncfs: bool = True
     sweep_period_s: float = 7 * 86_400.0
     followup_stale_s: float = 30.0
+    # ``health`` fails once a job has waited in a queue with live agents this long
+    # (docs/architecture.md#operations).
+    wake_wait_alarm_s: float = 60.0
     # Prometheus metrics of the worker, scheduler and host processes: off unless a port is
     # set (docs/architecture.md#operations).
     metrics_port: int | None = None

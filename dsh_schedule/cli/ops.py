@@ -150,7 +150,7 @@ def cmd_health(args: argparse.Namespace) -> int:
             # An explicit --queue must have a worker even without live agents.
             coordination = Coordination(client, settings)
             health = status.check_health(
-                coordination, now_ms=coordination.clock(),
+                coordination, settings, now_ms=coordination.clock(),
                 also=[args.queue] if args.queue else [],
             )
         except redis.RedisError as exc:

@@ -19,6 +19,8 @@ announces it again.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -83,6 +85,11 @@ class HostBridge:
         self.watchdog = Watchdog(store, clock=clock, repair_after_s=settings.repair_after_s,
                                  misplaced=self.misplaced, repair=self.repair)
         self._due: dict[str, int] = {}  # agent -> clock ms from which ``ready`` names it
+        # The same as (ms, order asked, agent), earliest first; an entry ``_due`` no longer
+        # holds at that ms is stale and skipped, so ``ready`` never walks the agents that
+        # are not due.
+        self._due_order: list[tuple[int, int, str]] = []
+        self._asked = itertools.count()
         self._cursor: str | None = None  # the last id read from the ready stream
         self._deferred: list[str] | None = None  # wakes ``installing_many`` holds back
         # Whether this bridge has written its host's lease yet: before that, a renewal
@@ -170,16 +177,18 @@ class HostBridge:
         renewal = self._coord.leases.renew_host(
             self.host, now_ms=self._clock(), ttl_s=self._settings.lease_ttl_s)
         with self._state:
-            served, digest = list(self._served), self._digest
+            serving, digest = len(self._served), self._digest
         first, self._held = not self._held, True
         if renewal.was_valid and renewal.digest != digest:
+            served = self.served
             log.warning("the lease entries of host %s differ from the %d agent(s) it "
                         "serves; writing them again", self.host, len(served))
             new = self._install_again(self._not_moved(served))
             self._coord.leases.reset_digest(self.host, self.digest)
             return new
-        if renewal.was_valid and renewal.served >= len(served):
-            return []
+        if renewal.was_valid and renewal.served >= serving:
+            return []  # the usual renewal: nothing walked or copied, however many agents
+        served = self.served
         if renewal.was_valid:
             served = self._missing(served)
         elif first:
@@ -354,10 +363,8 @@ class HostBridge:
         cursor = self._cursor_now()
         now = self._clock()
         with self._state:
-            due = [agent for agent, at in self._due.items() if at <= now]
-            for agent in due:
-                del self._due[agent]
-            upcoming = min(self._due.values(), default=None)
+            due = self._take_due(now)
+            upcoming = self._due_order[0][0] if self._due_order else None
         wait_s = 0.0 if due else max(timeout_s, 0.0)
         if upcoming is not None:
             wait_s = min(wait_s, max(upcoming - now, 0) / 1000)
@@ -384,7 +391,20 @@ class HostBridge:
         with self._state:
             for agent in agents:
                 if agent in self._served:
-                    self._due[agent] = min(self._due.get(agent, at), at)
+                    if at < self._due.get(agent, at + 1):
+                        self._due[agent] = at
+                        heapq.heappush(self._due_order, (at, next(self._asked), agent))
+
+    def _take_due(self, now: int) -> list[str]:
+        """Forget and return the agents due by ``now``, and leave the earliest entry
+        still wanted first. Holds ``_state``. O(log n) per entry taken or skipped."""
+        order, due = self._due_order, []
+        while order and (order[0][0] <= now or self._due.get(order[0][2]) != order[0][0]):
+            at, _asked, agent = heapq.heappop(order)
+            if self._due.get(agent) == at:
+                del self._due[agent]
+                due.append(agent)
+        return due
 
     def recheck_all(self) -> None:
         """Have ``ready`` name every served agent once more, at once (after a Redis outage:

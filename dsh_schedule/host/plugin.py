@@ -176,7 +176,7 @@ class SchedulePlugin:
         (docs/architecture.md#operations). A few Redis reads; never raises for Redis."""
         try:
             return status.check_health(
-                self._coord, now_ms=self._clock(), queues=[self.settings.queue]
+                self._coord, self.settings, now_ms=self._clock(), queues=[self.settings.queue]
             )
         except redis.RedisError as exc:
             metrics.get().redis_error()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from dsh_schedule.loadtest.stats import Latency, cost_ratio
+from dsh_schedule.loadtest.stats import ArmCurve, Latency, cost_ratio
 
 
 class CreateFigure(msgspec.Struct, frozen=True, kw_only=True):
@@ -149,6 +149,10 @@ class IdleFigure(msgspec.Struct, frozen=True, kw_only=True):
     flush_recovery_seconds: float | None = None
     """From every key of the run lost at once (one transaction, as a flush loses them)
     until every agent's wake is armed again and the queue is idle."""
+    arming: ArmCurve | None = None
+    """The arming rate over the first and the last tenth of the agents, from the host's
+    start (its start-up included in the first tenth)."""
+    flush_arming: ArmCurve | None = None  # the same after the flush
 
 
 class BurstFigure(msgspec.Struct, frozen=True, kw_only=True):

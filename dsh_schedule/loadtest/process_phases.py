@@ -41,9 +41,11 @@ from dsh_schedule.loadtest.sessions import (
     write_sessions,
 )
 from dsh_schedule.loadtest.stats import (
+    ArmCurve,
     Latency,
     Progress,
     Stopwatch,
+    arm_curve,
     cost_ratio,
     latency,
     memory_total,
@@ -98,21 +100,38 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
         before = _used_memory(rt)
         rt.start_workers()
         rt.start_mover()
-        watch = Stopwatch()
-        rt.start_host(names)
         scheduled = Keys(rt.settings.prefix).scheduled_jobs()
         queue = Queue(rt.settings.queue, connection=rt.client)
 
         def armed() -> bool:
             return int(rt.client.zcard(scheduled)) >= n and queue_idle(rt.client, queue)
 
-        if not rt.wait(armed, 120.0 + n / SETUP_PER_S, status=lambda: progress.tick(
-                f"{int(rt.client.zcard(scheduled)):,}/{n:,} agents armed")):
-            raise LoadtestError(f"idle: {int(rt.client.zcard(scheduled)):,} of {n:,} agents "
-                                "were armed in time")
-        ready_s = watch.seconds()
+        def arm_all(what: str, start: Callable[[], object]) -> tuple[float, ArmCurve]:
+            """``start``, then wait until every agent is armed: the seconds it took from
+            the start, and the arming curve."""
+            watch = Stopwatch()
+            start()
+            samples: list[tuple[float, int]] = []
+
+            def sample() -> None:
+                count = int(rt.client.zcard(scheduled))
+                samples.append((watch.seconds(), count))
+                progress.tick(f"{count:,}/{n:,} agents armed{what}")
+
+            if not rt.wait(armed, 120.0 + n / SETUP_PER_S, status=sample):
+                raise LoadtestError(f"idle: {int(rt.client.zcard(scheduled)):,} of {n:,} "
+                                    f"agents were armed{what} in time")
+            seconds = watch.seconds()
+            samples.append((seconds, n))
+            curve = arm_curve(samples, n)
+            progress.note(f"{n:,} agents armed{what} in {seconds:.1f} s; "
+                          f"{curve.first_tenth_per_s} agents/s over the first tenth, "
+                          f"{curve.last_tenth_per_s} over the last")
+            return seconds, curve
+
+        ready_s, arming = arm_all("", lambda: rt.start_host(names))
         bytes_per_agent = round((_used_memory(rt) - before) / n, 1)
-        progress.note(f"{n:,} agents armed in {ready_s:.1f} s; warming up")
+        progress.note("warming up")
         rt.sleep(plan.idle_warmup_s)
         progress.note(f"measuring {plan.idle_window_s} s")
         ours = cpu_window(rt, plan.idle_window_s, n)
@@ -122,13 +141,8 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
                                 None).by_key
         progress.note(f"host {host_rss} MiB, worker {worker_rss} MiB; Redis per agent "
                       f"{by_key}; losing every key at once")
-        watch = Stopwatch()
-        rt.delete_own_keys(at_once=True)
-        if not rt.wait(armed, 120.0 + n / SETUP_PER_S, status=lambda: progress.tick(
-                f"{int(rt.client.zcard(scheduled)):,}/{n:,} agents armed again")):
-            raise LoadtestError(f"idle: {int(rt.client.zcard(scheduled)):,} of {n:,} agents "
-                                "were armed again in time after the flush")
-        recovered_s = watch.seconds()
+        recovered_s, flush_arming = arm_all(" again after the flush",
+                                            lambda: rt.delete_own_keys(at_once=True))
         progress.note(f"every wake back {recovered_s:.1f} s after the flush")
     finally:
         rt.close()
@@ -142,6 +156,7 @@ def measure_idle(open_runtime: RuntimeFactory, plan: Plan, progress: Progress) -
         ratio_commands=cost_ratio(ours.commands_per_s, bare_window.commands_per_s),
         bytes_per_agent=bytes_per_agent, bytes_by_key=by_key, host_rss_mib=host_rss,
         worker_rss_mib=worker_rss, flush_recovery_seconds=round(recovered_s, 1),
+        arming=arming, flush_arming=flush_arming,
     )
 
 

@@ -209,6 +209,11 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
         rows.append(("idle time to arm every agent, s", _fmt(i.ready_seconds), "", ""))
         rows.append(("idle flush -> every wake back, s", _fmt(i.flush_recovery_seconds),
                      "", ""))
+        for what, curve in (("", i.arming), (" after the flush", i.flush_arming)):
+            if curve is not None:
+                rows.append((f"idle arming{what}, agents/s first / last tenth",
+                             f"{_fmt(curve.first_tenth_per_s)} / "
+                             f"{_fmt(curve.last_tenth_per_s)}", "", ""))
         rows.append(("idle host / worker RSS, MiB",
                      f"{_fmt(i.host_rss_mib)} / {_fmt(i.worker_rss_mib)}", "", ""))
     if (b := f.burst) is not None:

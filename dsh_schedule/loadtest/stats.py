@@ -64,6 +64,32 @@ def rate_ratio(ours: float | None, bare: float | None) -> float | None:
     return _round(bare / ours, 2)
 
 
+class ArmCurve(msgspec.Struct, frozen=True, kw_only=True):
+    """How fast agents were armed at the start and at the end of arming them all: a rate
+    that bends (a cost growing with the agents already armed) shows as a last tenth much
+    slower than the first."""
+
+    first_tenth_per_s: float | None  # agents armed per second until a tenth were
+    last_tenth_per_s: float | None  # from nine tenths armed until all were
+
+
+def arm_curve(samples: Sequence[tuple[float, int]], total: int) -> ArmCurve:
+    """The rates of ``ArmCurve`` from ``(seconds since the start, agents armed)`` samples
+    in time order; a rate the samples cannot resolve (no time between them) is None."""
+
+    def first_at(count: float) -> tuple[float, int] | None:
+        return next(((t, n) for t, n in samples if n >= count), None)
+
+    def rate(start: tuple[float, int] | None, end: tuple[float, int] | None) -> float | None:
+        if start is None or end is None or end[0] <= start[0]:
+            return None
+        return _round((end[1] - start[1]) / (end[0] - start[0]), 1)
+
+    tenth, nine_tenths = first_at(total / 10), first_at(total * 9 / 10)
+    return ArmCurve(first_tenth_per_s=rate((0.0, 0), tenth),
+                    last_tenth_per_s=rate(nine_tenths, first_at(total)))
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 

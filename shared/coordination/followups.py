@@ -62,6 +62,10 @@ _READ: Final = lua("followup_read")  # lua/followup_read.lua
 
 _XLEN: Final = lua("followup_length")  # lua/followup_length.lua
 
+_DROP: Final = lua("followup_drop")  # lua/followup_drop.lua
+
+_RECOUNT: Final = lua("followup_recount")  # lua/followup_recount.lua
+
 
 def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> FollowupEntry:
     return FollowupEntry(
@@ -133,8 +137,7 @@ class Followups:
         unannounced: the caller, which holds the agents, announces them with
         ``announce_many`` once it lets them go. The entry ids, in order."""
         written = run_script_batch(self._client, _ADD, [
-            ([self._keys.followups(agent)],
-             [text.encode(), _encode_pairs(pairs), STREAM_GROUP])
+            (self._counted(agent), [text.encode(), _encode_pairs(pairs), STREAM_GROUP, agent])
             for agent, text, pairs in items
         ])
         return [_text(entry_id) for entry_id in written]
@@ -248,8 +251,8 @@ class Followups:
         """``done`` for many ``(agent, entry id)``, in one round trip."""
         if not entries:
             return
-        run_script_batch(self._client, _DONE, [([self._keys.followups(agent)],
-                                                 [STREAM_GROUP, entry_id])
+        run_script_batch(self._client, _DONE, [(self._counted(agent),
+                                                 [STREAM_GROUP, entry_id, agent])
                                                 for agent, entry_id in entries])
 
     def claim_stale(self, agent: str, consumer: str, *, min_idle_ms: int) -> list[FollowupEntry]:
@@ -267,19 +270,15 @@ class Followups:
 
     def done(self, agent: str, entry_id: str) -> None:
         """Acknowledge and delete an entry, whether it was delivered or dropped."""
-        key = self._keys.followups(agent)
-        with self._client.pipeline() as pipe:
-            pipe.xack(key, STREAM_GROUP, entry_id)
-            pipe.xdel(key, entry_id)
-            pipe.execute()
+        self.done_many([(agent, entry_id)])
 
     def drop(self, agent: str) -> None:
         self.drop_many([agent])
 
     def drop_many(self, agents: Sequence[str]) -> None:
         """Delete the followup streams of many agents, in one round trip."""
-        if agents:
-            self._client.delete(*(self._keys.followups(agent) for agent in agents))
+        run_script_batch(self._client, _DROP,
+                         [(self._counted(agent), [agent]) for agent in agents])
 
     def waiting(self, agent: str) -> int:
         """How many entries the stream holds (delivered to a consumer or not)."""
@@ -290,6 +289,25 @@ class Followups:
         replies = run_script_batch(self._client, _XLEN,
                                    [([self._keys.followups(agent)], []) for agent in agents])
         return [int(n) for n in replies]
+
+    # -- the counter ----------------------------------------------------------------
+
+    def pending_total(self) -> int:
+        """How many entries the followup streams hold together, every agent's: one read
+        of the counter the followup scripts keep (``Keys.followup_total``)."""
+        raw: Any = self._client.get(self._keys.followup_total())
+        return max(int(raw), 0) if raw is not None else 0
+
+    def recount_many(self, agents: Sequence[str]) -> None:
+        """Count the agents' streams again (a count lost, or streams an older version
+        wrote): a script call per hundred agents, in one round trip."""
+        run_script_batch(self._client, _RECOUNT,
+                         [(self._counted(agent), [agent]) for agent in agents])
+
+    def _counted(self, agent: str) -> list[str]:
+        """The keys of a script that writes the agent's stream and keeps the counter."""
+        return [self._keys.followups(agent), self._keys.followup_counts(),
+                self._keys.followup_total()]
 
     # -- staleness --------------------------------------------------------------------
 

@@ -54,6 +54,17 @@ class Keys:
     def followups(self, agent: str) -> str:
         return f"{self.prefix}followups:{agent}"
 
+    def followup_counts(self) -> str:
+        """HASH agent -> the entries its followup stream held when a followup script last
+        wrote it (no field: none): the counter's part per agent, so a script that writes
+        a stream puts right what that stream counts, whatever was lost before."""
+        return f"{self.prefix}followup-counts"
+
+    def followup_total(self) -> str:
+        """STRING: the sum of ``followup_counts``, what ``status`` and the pending-followups
+        gauge read in one command."""
+        return f"{self.prefix}followup-total"
+
     def ready(self, queue: str) -> str:
         """STREAM of agent ids whose followup stream gained an entry, one per host queue
         (the queue a lease names): what a host serving that queue blocks on."""
@@ -94,6 +105,14 @@ class Keys:
         score in the past is a worker that died, or one a scheduler is recovering
         (docs/architecture.md#a-dead-workers-wakes)."""
         return f"{self.prefix}workers"
+
+    def worker_beats(self) -> str:
+        """ZSET rq worker name -> the epoch ms (Redis's clock) by which it beats again, as
+        ``workers`` but written only by the worker itself (a scheduler recovering a dead
+        worker moves the score in ``workers``, never here): what ``health`` reads. A
+        worker leaving cleanly removes its entry; an entry a day stale is pruned by any
+        worker's beat."""
+        return f"{self.prefix}worker-beats"
 
     def worker_holds(self) -> str:
         """HASH rq worker name -> the wake job it is executing and that job's agents

@@ -24,14 +24,24 @@ from rq.job import Job
 
 from dsh_schedule.shared.coordination.keys import Keys
 
-# KEYS[1] the workers zset; ARGV[1] ms until the next beat is due, ARGV[2] the worker's
-# name. The beat's score is Redis's clock plus that, so no two machines' clocks are
-# compared.
+# KEYS[1] the workers zset, KEYS[2] the beats zset; ARGV[1] ms until the next beat is due,
+# ARGV[2] the worker's name. The beat's score is Redis's clock plus that, so no two
+# machines' clocks are compared. Beats a day stale (workers killed long ago) are pruned.
 _BEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 86400000)
 return now
+"""
+
+# KEYS[1] the beats zset. Returns {Redis's clock in ms, {name, score, ...}}: every worker
+# that beats, and by when it beats again.
+_BEATS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {now, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
 """
 
 # KEYS[1] the workers zset, KEYS[2] the holds hash; ARGV[1] the most workers to return.
@@ -112,12 +122,14 @@ class WorkerLiveness:
         self.keys = keys
         self._overdue = client.register_script(_OVERDUE)
         self._swap = client.register_script(_SWAP)
+        self._beats = client.register_script(_BEATS)
 
     # -- the worker's side ------------------------------------------------------------
 
     def beat_on(self, pipe: Pipeline, name: str, *, next_within_ms: int) -> None:
         """Queue a beat: ``name`` beats again within ``next_within_ms``."""
-        pipe.eval(_BEAT, 1, self.keys.workers(), next_within_ms, name)
+        pipe.eval(_BEAT, 2, self.keys.workers(), self.keys.worker_beats(), next_within_ms,
+                  name)
 
     def holding_on(self, pipe: Pipeline | redis.Redis, name: str, held: Held | None) -> None:
         """Queue what ``name`` now executes (None: nothing)."""
@@ -130,8 +142,18 @@ class WorkerLiveness:
         """A worker stopping cleanly: forget its beat and holds."""
         with self.client.pipeline(transaction=False) as pipe:
             pipe.zrem(self.keys.workers(), name)
+            pipe.zrem(self.keys.worker_beats(), name)
             pipe.hdel(self.keys.worker_holds(), name)
             pipe.execute()
+
+    # -- health's side ----------------------------------------------------------------
+
+    def beats(self) -> tuple[int, dict[str, int]]:
+        """Redis's clock, and each worker that beats with the epoch ms (Redis's clock) by
+        which it beats again: overdue, it was killed or hangs. One round trip."""
+        now, flat = self._beats(keys=[self.keys.worker_beats()])
+        return int(now), {_text(flat[i]): int(float(flat[i + 1]))
+                          for i in range(0, len(flat), 2)}
 
     # -- a scheduler's side -----------------------------------------------------------
 

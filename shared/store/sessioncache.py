@@ -246,8 +246,9 @@ class SessionCache:
 
     After every use of an entry (``settle``), entries are dropped oldest first until
     their accounted bytes fit ``budget_bytes``; the entry just used is kept even when it
-    alone is larger. A dropped entry still serves the thread using it, and is no longer
-    counted. Thread-safe.
+    alone is larger. A settle looks at the entries it drops and no other (O(1) amortised
+    per use, whatever the number cached). A dropped entry still serves the thread using
+    it, and is no longer counted. Thread-safe.
     """
 
     def __init__(self, budget_bytes: int) -> None:
@@ -317,12 +318,14 @@ class SessionCache:
             )
 
     def _evict(self, keep: str) -> None:
-        if self._total <= self.budget_bytes:
-            return
-        for session_id in list(self._entries):
-            if self._total <= self.budget_bytes:
-                break
-            if session_id == keep:
+        """Drop entries oldest first until the budget holds, ``keep`` excepted: each step
+        looks at the oldest entry only, so a settle costs O(entries it drops), not
+        O(entries cached)."""
+        entries = self._entries
+        while self._total > self.budget_bytes and len(entries) > 1:
+            oldest = next(iter(entries))
+            if oldest == keep:
+                # Just used (a ``peek``ed entry is not moved to the end): it is the newest.
+                entries.move_to_end(keep)
                 continue
-            dropped = self._entries.pop(session_id)
-            self._total -= dropped.charged
+            self._total -= entries.pop(oldest).charged

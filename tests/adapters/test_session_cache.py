@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,42 @@ def test_a_session_larger_than_the_budget_is_kept_alone_while_in_use(tmp_path: P
     stats = store.cache_stats()
     assert (stats.entries, stats.budget_bytes) == (1, 0)
     assert store.cached_bytes("b") == stats.accounted_bytes > 0
+
+
+class _CountingEntries(OrderedDict[str, sessioncache.CachedSession]):
+    """The cache's entries, counting every entry an iteration over them hands out."""
+
+    visited = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for session_id in super().__iter__():
+            self.visited += 1
+            yield session_id
+
+
+def test_a_settle_over_budget_looks_at_the_entries_it_drops_only() -> None:
+    """Eviction costs O(entries dropped), not O(entries cached): a cache full of sessions
+    that drops one per use looks at about one entry per use."""
+    # given a cache holding 2 000 entries, at its budget
+    one = sessioncache.CachedSession().cost()
+    cache = sessioncache.SessionCache(budget_bytes=2_000 * one)
+    for i in range(2_000):
+        cache.settle(f"s{i}", cache.entry(f"s{i}"))
+    counting = _CountingEntries(cache._entries)
+    cache._entries = counting
+    # when 1 000 more sessions are used, each pushing the oldest out
+    for i in range(2_000, 3_000):
+        cache.settle(f"s{i}", cache.entry(f"s{i}"))
+    # then each settle looked at the one entry it dropped (a whole copy is 2 000 per use)
+    assert cache.stats().entries == 2_000
+    assert next(iter(counting)) == "s1000"
+    assert counting.visited <= 1_000 + 1
+    # and the entry just used is never dropped, even when it is the oldest (a peek)
+    peeked = cache.peek("s1000")
+    assert peeked is not None
+    cache.budget_bytes = one
+    cache.settle("s1000", peeked)
+    assert list(cache._entries) == ["s1000"]
 
 
 def test_a_negative_budget_is_refused(tmp_path: Path) -> None:

@@ -9,7 +9,14 @@ from dsh_schedule.loadtest.figures import Figures, RebuildFigure
 from dsh_schedule.loadtest.process_runtime import with_db
 from dsh_schedule.loadtest.report import targets
 from dsh_schedule.loadtest.sessions import ACTIVE_KEPT, conversation, reminders
-from dsh_schedule.loadtest.stats import cost_ratio, latency, percentile, rate_ratio
+from dsh_schedule.loadtest.stats import (
+    ArmCurve,
+    arm_curve,
+    cost_ratio,
+    latency,
+    percentile,
+    rate_ratio,
+)
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.core.fold import fold
 from tests.support import T0
@@ -102,3 +109,19 @@ def test_the_rebuild_target_is_judged_only_at_its_scale_on_real_redis(
                            armed=agents, cold_seconds=1.0, bare_seconds=1.0, ratio=1.0)
     rows = {t.name: t for t in targets(Figures(rebuild=figure), real_redis=real_redis)}
     assert rows["rebuild seconds (10 000 agents x 10)"].met is met
+
+
+@pytest.mark.parametrize(("samples", "curve"), [
+    # a flat rate: the first and the last tenth armed as fast
+    ([(1.0, 100), (5.0, 500), (9.0, 900), (10.0, 1000)], ArmCurve(
+        first_tenth_per_s=100.0, last_tenth_per_s=100.0)),
+    # a rate that bends: the last tenth ten times slower than the first
+    ([(1.0, 100), (5.0, 900), (15.0, 1000)], ArmCurve(
+        first_tenth_per_s=100.0, last_tenth_per_s=10.0)),
+    # samples too coarse to resolve the last tenth
+    ([(2.0, 900), (2.0, 1000)], ArmCurve(first_tenth_per_s=450.0, last_tenth_per_s=None)),
+    ([], ArmCurve(first_tenth_per_s=None, last_tenth_per_s=None)),
+])
+def test_the_arming_curve_is_the_rate_of_the_first_and_the_last_tenth(
+        samples: list[tuple[float, int]], curve: ArmCurve) -> None:
+    assert arm_curve(samples, 1000) == curve

@@ -98,6 +98,74 @@ def test_a_renewal_and_a_reconcile_pass_send_the_same_commands_for_50_or_5000_ag
     assert sum(passes.values()) < 3 * 10
 
 
+class _CountingServed(dict[str, None]):
+    """A bridge's served agents, counting every agent an iteration hands out."""
+
+    visited = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for agent in super().__iter__():
+            self.visited += 1
+            yield agent
+
+
+def test_a_renewal_walks_none_of_the_agents_a_host_serves(
+    redis_server: RedisServer, settings: Settings
+) -> None:
+    """A renewal that finds every lease in place costs the host no walk over its agents,
+    nor a copy of them (it compares two counts)."""
+    clock = FakeClock()
+    host = _host_with(2_000, redis_server.client(), settings, clock)
+    bridge = host.plugin.bridge
+    counting = _CountingServed(bridge._served)
+    bridge._served = counting
+    for _ in range(3):
+        clock.advance(20)
+        assert host.plugin.renew_leases() == []
+    assert counting.visited == 0
+
+
+class _CountingDue(dict[str, int]):
+    """A bridge's agents to look at later, counting every agent a walk over them reads."""
+
+    visited = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for agent in super().__iter__():
+            self.visited += 1
+            yield agent
+
+    def items(self) -> Any:
+        self.visited += len(self)
+        return super().items()
+
+    def values(self) -> Any:
+        self.visited += len(self)
+        return super().values()
+
+
+def test_a_look_for_ready_agents_walks_none_of_those_not_due(
+    redis_server: RedisServer, settings: Settings
+) -> None:
+    """``ready`` takes the agents whose own check has come, earliest first, without a walk
+    over the thousands still waiting for theirs; they come, in the order asked, once due."""
+    clock = FakeClock()
+    host = _host_with(2_000, redis_server.client(), settings, clock)
+    bridge = host.plugin.bridge
+    bridge.ready(0)  # the looks every install asked for
+    agents = bridge.served
+    bridge.later(agents, 60.0)
+    counting = _CountingDue(bridge._due)
+    bridge._due = counting
+    for _ in range(3):
+        clock.advance(10)
+        assert bridge.ready(0) == []
+    assert counting.visited == 0
+    clock.advance(31)
+    assert bridge.ready(0) == agents
+    assert bridge.ready(0) == []
+
+
 # -- processes ------------------------------------------------------------------------------
 
 

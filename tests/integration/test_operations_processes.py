@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
+from rq import Queue, Worker
 
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.host.tools import ScheduleTools
@@ -211,8 +212,8 @@ def test_status_reports_what_was_armed_and_health_follows_the_processes(
     assert report["overdueWakes"] == 1
     assert report["oldestOverdueSeconds"] >= 3540  # its target was 59 minutes back
     assert report["nextWakes"][1]["dueInSeconds"] > 0
-    assert [(q["name"], q["liveAgents"], q["followupsPending"], q["workers"])
-            for q in report["queues"]] == [(queue, 3, 0, [])]
+    assert [(q["name"], q["liveAgents"], q["workers"])
+            for q in report["queues"]] == [(queue, 3, [])]
     assert report["scheduler"] is None
     assert report["lastReconcile"] is None
     assert report["health"]["ok"] is False
@@ -259,6 +260,48 @@ def test_status_reports_what_was_armed_and_health_follows_the_processes(
     assert wait_until(lambda: "worker" in deployment.procs.dead())
     code, out = deployment.cli("health")
     assert (code, out) == (1, f"unhealthy: queue {queue!r} has 3 live agent(s) and no worker\n")
+
+
+def test_health_fails_once_the_only_worker_is_killed_and_once_a_wake_waits_too_long(
+    deployment: Deployment, tmp_path: Path,
+) -> None:
+    """A worker killed with SIGKILL stays in rq's registry for up to 90 s; health fails
+    as soon as its beat is overdue (a second here, its liveness window, 15 s by default),
+    while rq still lists it. A wake that then waits in the queue past
+    ``wake_wait_alarm_s`` fails it too, and status shows how long it has waited."""
+    queue = deployment.settings.queue
+    cli = Processes(tmp_path / "cli", {**deployment.env, "DSH_SCHEDULE_WAKE_WAIT_ALARM": "1"})
+
+    def health() -> tuple[int, str]:
+        result = cli.run("health")
+        return result.returncode, result.stdout
+
+    sessions = [deployment.session(f"k{i}") for i in range(2)]
+    deployment.open_host(*sessions, run=False)
+    deployment.procs.spawn("scheduler", "scheduler")
+    deployment.procs.spawn("worker", "worker")
+    assert wait_until(lambda: health()[0] == 0), (health(), deployment.procs.describe())
+
+    deployment.procs.kill("worker")
+    assert wait_until(lambda: health()[0] == 1), deployment.procs.describe()
+    registered = Worker.all(queue=Queue(queue, connection=deployment.client))
+    assert len(registered) == 1  # rq's registry still holds the killed worker
+    code, out = health()
+    assert (code, out) == (1, f"unhealthy: queue {queue!r} has 2 live agent(s) and no "
+                              "beating worker (its 1 registered worker(s) stopped beating: "
+                              "killed, or hung)\n")
+    report = json.loads(cli.run("status", "--json").stdout)
+    assert [w["beating"] for w in report["queues"][0]["workers"]] == [False]
+
+    # A reminder comes due: the scheduler moves its wake to the queue, where it waits.
+    deployment.call(sessions[0], "schedule_create", {"prompt": "p", "after_seconds": 1})
+    assert wait_until(lambda: "a wake has waited" in health()[1]), health()
+    report = json.loads(cli.run("status", "--json").stdout)
+    assert report["oldestQueuedSeconds"] > 1
+    assert report["queues"][0]["oldestQueuedSeconds"] == report["oldestQueuedSeconds"]
+    assert report["queues"][0]["queuedJobs"] >= 1
+    text = cli.run("status").stdout
+    assert "queued wakes: " in text and "NOT BEATING" in text
 
 
 def test_health_without_redis_is_unhealthy_not_an_input_error(tmp_path: Path) -> None:
