@@ -124,6 +124,8 @@ def test_every_key_of_every_port_is_under_the_prefix(
         keys.lease_queue(),
         keys.host_digest(),
         keys.followups(AGENT),
+        keys.followup_counts(),
+        keys.followup_total(),
         keys.ready(queue),
         keys.current_wake(AGENT),
         keys.wake_counter(AGENT),

@@ -3,7 +3,6 @@
 -- ARGV[4] the agent. Returns the entry id.
 -- A new stream is created with its consumer group, so the host's first read of it finds
 -- the group; a host that finds none (a stream from before) creates it then.
-
 -- The stream's count in KEYS[2] (field ARGV[4]) and their sum in KEYS[3], set to what it
 -- holds now; a sum lost alone is summed again from the counts.
 local function recount(stream, agent)
