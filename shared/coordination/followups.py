@@ -49,22 +49,25 @@ __all__ = [
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 _PAIRS_ENCODER: Final = msgspec.json.Encoder()
 
-_ADD: Final = lua("followup_add")  # lua/followup_add.lua
+# recount(), shared by every script that writes a followup stream.
+_COUNT: Final = lua("followup_count")  # lua/followup_count.lua
+_ADD: Final = _COUNT + lua("followup_add")  # lua/followup_count.lua, lua/followup_add.lua
 
 _ANNOUNCE: Final = lua("announce")  # lua/announce.lua
 
 _ANNOUNCE_STALE: Final = lua("announce_stale")  # lua/announce_stale.lua
 
 
-_DONE: Final = lua("followup_done")  # lua/followup_done.lua
+_DONE: Final = _COUNT + lua("followup_done")  # lua/followup_count.lua, lua/followup_done.lua
 
 _READ: Final = lua("followup_read")  # lua/followup_read.lua
 
 _XLEN: Final = lua("followup_length")  # lua/followup_length.lua
 
-_DROP: Final = lua("followup_drop")  # lua/followup_drop.lua
+_DROP: Final = _COUNT + lua("followup_drop")  # lua/followup_count.lua, lua/followup_drop.lua
 
-_RECOUNT: Final = lua("followup_recount")  # lua/followup_recount.lua
+# lua/followup_count.lua, lua/followup_recount.lua
+_RECOUNT: Final = _COUNT + lua("followup_recount")
 
 
 def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> FollowupEntry:

@@ -5,20 +5,6 @@
 -- the group; a host that finds none (a stream from before) creates it then.
 -- The stream's count in KEYS[2] (field ARGV[4]) and their sum in KEYS[3], set to what it
 -- holds now; a sum lost alone is summed again from the counts.
-local function recount(stream, agent)
-  local n = redis.call('XLEN', stream)
-  local old = tonumber(redis.call('HGET', KEYS[2], agent) or '0')
-  if redis.call('EXISTS', KEYS[3]) == 0 then
-    local sum = 0
-    for _, v in ipairs(redis.call('HVALS', KEYS[2])) do sum = sum + tonumber(v) end
-    redis.call('SET', KEYS[3], sum)
-  end
-  if n ~= old then
-    if n == 0 then redis.call('HDEL', KEYS[2], agent) else redis.call('HSET', KEYS[2], agent, n) end
-    redis.call('INCRBY', KEYS[3], n - old)
-  end
-  return n
-end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[3], '0', 'MKSTREAM')
