@@ -2,8 +2,8 @@
 under docs/ with the README and CONTRIBUTING, less the generated tool catalog and the
 changelog, holds at most 25 000 words; docs/architecture.md at most 6 000 and the README
 at most 1 500. Words are counted as ``wc -w docs/*.md`` counts them here: runs of bytes
-between ASCII whitespace. History (what changed when, old measurements) belongs in docs/changelog.md,
-which has no budget."""
+between ASCII whitespace. History (what changed when, old measurements) belongs in
+docs/changelog.md, which has no budget."""
 
 from __future__ import annotations
 
