@@ -38,7 +38,12 @@ from dsh_schedule.shared.core.instant import format_instant, parse_instant, to_d
 from dsh_schedule.shared.core.presentation import receipt_value, reminder_presentation
 from dsh_schedule.shared.core.timesel import load_zone
 from dsh_schedule.shared.core.views import render
-from dsh_schedule.shared.settings import LogSettings, Settings, calendar_from_env
+from dsh_schedule.shared.settings import (
+    LogSettings,
+    Settings,
+    calendar_from_env,
+    lifecycle_from_env,
+)
 from dsh_schedule.shared.store.jsonl import JsonlStore
 
 SESSION = "demo-session"
@@ -100,6 +105,7 @@ class Demo:
         self.store = JsonlStore(sessions)
         self.settings = Settings.from_env(
             {}, sessions=sessions, redis_url=redis_url, calendar=calendar_from_env(),
+            lifecycle=lifecycle_from_env(),
             prefix=f"dsh-demo-{os.getpid()}:", queue=f"dsh-demo-{os.getpid()}",
         )
         self.redis_url = redis_url
