@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.web.console import ConsoleError, create_call
+from dsh_schedule.web.console import ConsoleError, create_call, update_call
+from dsh_schedule.web.model import ToolCall
 from tests.support import wait_until
 from tests.web.conftest import ROOT, Served
 
@@ -333,3 +334,42 @@ def listed(page: str) -> list[tuple[str, str]]:
     """The (session, id) of each row of the sessions page's list across sessions."""
     table = page.split('id="all-reminders"', 1)[1]
     return re.findall(r'<tr data-session="([^"]+)" data-schedule-id="([^"]+)"', table)
+
+
+def test_the_create_form_sends_count_and_until_only_with_the_lifecycle_on() -> None:
+    form = {"prompt": "water", "selector": "every_seconds", "every_seconds": "600",
+            "count": "3", "until": "2099-01-02T17:00", "clientTimeZone": "Europe/Berlin"}
+    assert create_call(form, calendar=False, lifecycle=True).args == {
+        "prompt": "water", "every_seconds": 600, "count": 3,
+        "until": {"date": "2099-01-02", "time": "17:00:00", "time_zone": "Europe/Berlin"}}
+    assert create_call(form, calendar=False).args == {"prompt": "water", "every_seconds": 600}
+    blank = {**form, "count": " ", "until": ""}
+    assert create_call(blank, calendar=False, lifecycle=True).args == {
+        "prompt": "water", "every_seconds": 600}
+
+
+@pytest.mark.parametrize(("form", "args"), [
+    ({"id": "schedule-2", "paused": "true"}, {"id": "schedule-2", "paused": True}),
+    ({"id": "schedule-2", "paused": "false", "selector": "keep"},
+     {"id": "schedule-2", "paused": False}),
+    ({"id": "schedule-2", "prompt": "  ", "selector": "after_seconds", "after_seconds": "90"},
+     {"id": "schedule-2", "after_seconds": 90}),
+    ({"id": "schedule-2", "prompt": "water", "count": "many"},
+     {"id": "schedule-2", "prompt": "water", "count": "many"}),  # the tool judges it
+    ({"id": "schedule-2", "selector": "at", "at": "2099-01-02T17:00:30",
+      "clientTimeZone": "Asia/Shanghai"},
+     {"id": "schedule-2", "at": {"date": "2099-01-02", "time": "17:00:30",
+                                 "time_zone": "Asia/Shanghai"}}),
+    ({"id": ""}, {"id": ""}),  # no change: the tool answers it
+])
+def test_the_edit_form_and_the_pause_buttons_send_only_what_they_change(
+        form: dict[str, str], args: dict[str, Any]) -> None:
+    assert update_call(form, calendar=False) == ToolCall("schedule_update", args)
+
+
+def test_the_edit_form_refuses_what_it_does_not_offer() -> None:
+    with pytest.raises(ConsoleError, match="the selector is one of"):
+        update_call({"id": "schedule-1", "selector": "cron", "cron": "0 9 * * *"},
+                    calendar=False)
+    with pytest.raises(ConsoleError, match="paused is true or false"):
+        update_call({"id": "schedule-1", "paused": "maybe"}, calendar=False)
