@@ -269,7 +269,8 @@ def test_the_forms_are_refused_from_another_site(served: Served) -> None:
     length = served.console.length("csrf")
     for path, form in (("/create/csrf", {"prompt": "x", "selector": "after_seconds",
                                          "after_seconds": "5"}),
-                       ("/delete/csrf", {"id": "schedule-1"})):
+                       ("/delete/csrf", {"id": "schedule-1"}),
+                       ("/update/csrf", {"id": "schedule-1", "paused": "true"})):
         for headers in ({"Origin": "http://elsewhere.example"},
                         {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
             status, _, _ = call(served.at(path), form, headers)
@@ -373,3 +374,37 @@ def test_the_edit_form_refuses_what_it_does_not_offer() -> None:
                     calendar=False)
     with pytest.raises(ConsoleError, match="paused is true or false"):
         update_call({"id": "schedule-1", "paused": "maybe"}, calendar=False)
+
+
+def test_the_update_route_calls_the_tool_with_the_lifecycle_on_and_refuses_it_off(
+        served: Served, served_lifecycle: Served) -> None:
+    # given a recurring reminder in a console with the lifecycle on
+    on = served_lifecycle
+    on.console.create_session("life", "UTC")
+    on.console.prompt("life", "every 5 minutes check the build", None)
+
+    # when its pause button posts, then the tool's resume, then an unknown id
+    answers = []
+    for form in ({"id": "schedule-1", "paused": "true"}, {"id": "schedule-1", "paused": "false"},
+                 {"id": "schedule-9", "paused": "true"}):
+        status, headers, _ = call(on.at("/update/life"), form, {"HX-Request": "true"})
+        assert status == 200
+        answers.append(urllib.parse.unquote(headers["x-acknowledgement"]))
+
+    # then each acknowledgement is the tool's answer in words, one update record each
+    assert answers[0].startswith("Paused schedule-1: “check the build” every 300 s")
+    assert answers[0].endswith(", paused.")
+    assert answers[1].startswith("Resumed schedule-1:")
+    assert answers[2] == "schedule-9 is not an active reminder (schedule_not_found)."
+    records = schedules(on, "life")
+    assert [r["operation"] for r in records] == ["create", "update", "update"]
+    assert records[1] == {"version": 2, "operation": "update", "id": "schedule-1",
+                          "paused": True}
+
+    # and with the lifecycle off the route writes nothing and says why
+    served.console.create_session("plain", "UTC")
+    served.console.prompt("plain", "every 5 minutes check the build", None)
+    length = served.console.length("plain")
+    status, _, body = call(served.at("/update/plain"), {"id": "schedule-1", "paused": "true"})
+    assert status == 400 and "schedule_create, schedule_delete" in body
+    assert served.console.length("plain") == length
