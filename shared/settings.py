@@ -17,6 +17,9 @@ MAX_SWEEP_PERIOD_S = 30 * 86_400.0
 # The prompt limit a deployment may set, at most: many prompts go out in one reminder
 # batch's line, which a session log bounds (docs/architecture.md#session-logs).
 MAX_PROMPT_BYTES_CEILING: Final = 1024 * 1024
+# The cap a deployment may set on a session's active records, at most.
+MAX_ACTIVE_CEILING: Final = 1_000_000
+_MAX_ACTIVE_RANGE: Final = f"max_active must be a whole number from 1 to {MAX_ACTIVE_CEILING}"
 _PROMPT_LIMIT_RANGE: Final = (
     f"max_prompt_bytes must be a whole number of bytes from 1 to {MAX_PROMPT_BYTES_CEILING}")
 
@@ -59,6 +62,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Offer calendar rules (the cron selector) to schedule_create; reading them never
     # needs it (docs/decisions.md#calendar-rules).
     calendar: bool = False
+    # Offer the lifecycle (schedule_update, pause and resume, end conditions, the cap per
+    # session); reading its records never needs it
+    # (docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders).
+    lifecycle: bool = False
+    # With the lifecycle on: the most active records a session may hold; a create past it
+    # answers limit_exceeded.
+    max_active: int = 100
     # How often a host checks the generation marker and retries owed re-arms
     # (docs/architecture.md#the-generation-marker).
     generation_check_s: float = 1.0
@@ -76,6 +86,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             msgspec.structs.force_setattr(self, "sessions", Path(self.store))
         if not 1 <= self.max_prompt_bytes <= MAX_PROMPT_BYTES_CEILING:
             raise ValueError(_PROMPT_LIMIT_RANGE + f", got {self.max_prompt_bytes!r}")
+        if not 1 <= self.max_active <= MAX_ACTIVE_CEILING:
+            raise ValueError(_MAX_ACTIVE_RANGE + f", got {self.max_active!r}")
         if self.sweep_period_s > MAX_SWEEP_PERIOD_S:
             raise ValueError(
                 f"sweep_period_s must be at most {MAX_SWEEP_PERIOD_S:g} seconds, "
@@ -142,11 +154,21 @@ def environment_names() -> dict[str, str]:
 def calendar_from_env(env: Mapping[str, str] | None = None) -> bool:
     """``DSH_SCHEDULE_CALENDAR`` alone, for a command that needs no other setting (such as
     ``catalog``); SettingsError when it is not on or off."""
+    return _switch_from_env("calendar", env)
+
+
+def lifecycle_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """``DSH_SCHEDULE_LIFECYCLE`` alone, as ``calendar_from_env`` reads its switch."""
+    return _switch_from_env("lifecycle", env)
+
+
+def _switch_from_env(field: str, env: Mapping[str, str] | None) -> bool:
     env = os.environ if env is None else env
-    if not env.get("DSH_SCHEDULE_CALENDAR"):
+    name = environment_name(field)
+    if not env.get(name):
         return False
     try:
-        return bool(_typed("calendar", env["DSH_SCHEDULE_CALENDAR"]))
+        return bool(_typed(field, env[name]))
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
 
@@ -165,7 +187,7 @@ def _typed(field: str, value: object) -> object:
         if not (text.isdigit() and 1 <= int(text) <= 65535):
             raise ValueError(f"metrics_port must be a TCP port from 1 to 65535, got {value!r}")
         return int(text)
-    if field in ("syncfs", "calendar"):
+    if field in ("syncfs", "calendar", "lifecycle"):
         if isinstance(value, bool):
             return value
         word = str(value).strip().lower()
@@ -176,6 +198,11 @@ def _typed(field: str, value: object) -> object:
         text = str(value).strip()
         if not (text.isascii() and text.isdigit()):
             raise ValueError(_PROMPT_LIMIT_RANGE + f", got {value!r}")
+        return int(text)
+    if field == "max_active":
+        text = str(value).strip()
+        if not (text.isascii() and text.isdigit()):
+            raise ValueError(_MAX_ACTIVE_RANGE + f", got {value!r}")
         return int(text)
     if field == "cache_mb":
         text = str(value).strip()

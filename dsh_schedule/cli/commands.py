@@ -84,16 +84,17 @@ def cmd_present(args: argparse.Namespace) -> int:
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core import catalog
-    from dsh_schedule.shared.settings import calendar_from_env
+    from dsh_schedule.shared.settings import calendar_from_env, lifecycle_from_env
 
     exporters = {
         "catalog": catalog.catalog_json,
         "openai": catalog.openai_tools,
         "anthropic": catalog.anthropic_tools,
     }
-    # DSH_SCHEDULE_CALENDAR=on prints the variant with calendar rules.
-    calendar = calendar_from_env()
-    print(json.dumps(exporters[args.format](calendar), ensure_ascii=False, indent=2))
+    # DSH_SCHEDULE_CALENDAR=on prints the variant with calendar rules,
+    # DSH_SCHEDULE_LIFECYCLE=on the one with schedule_update.
+    calendar, lifecycle = calendar_from_env(), lifecycle_from_env()
+    print(json.dumps(exporters[args.format](calendar, lifecycle), ensure_ascii=False, indent=2))
     return 0
 
 
@@ -132,7 +133,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.store.naming import store_from_settings
 
     settings = settings_of(args)
-    names = [tool.name for tool in tool_definitions(settings.calendar)]
+    names = [tool.name for tool in tool_definitions(settings.calendar, settings.lifecycle)]
     if args.tool not in names:
         raise CommandError(f"call: unknown tool {args.tool!r} (one of {', '.join(names)})")
     arguments = tool_args(args.args_json)

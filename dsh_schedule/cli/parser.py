@@ -196,9 +196,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_present)
     p = sub.add_parser(
         "catalog", help="print the tool definitions",
-        description="Print the three tools' definitions. With DSH_SCHEDULE_CALENDAR=on, the "
+        description="Print the tools' definitions. With DSH_SCHEDULE_CALENDAR=on, the "
                     "variant with calendar rules (schedule_create with cron; "
-                    "docs/decisions.md#calendar-rules).")
+                    "docs/decisions.md#calendar-rules); with DSH_SCHEDULE_LIFECYCLE=on, "
+                    "the one with schedule_update (docs/decisions.md#lifecycle-editing-"
+                    "pausing-and-ending-reminders).")
     _verbose(p)
     p.add_argument("--format", choices=["catalog", "openai", "anthropic"], default="catalog",
                    help="the project's catalog, or the tools in the OpenAI or Anthropic "

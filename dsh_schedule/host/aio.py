@@ -151,8 +151,9 @@ class AsyncSchedulePlugin:
 
     ``async_client`` is the ``redis.asyncio`` client ``bridge.ready`` waits with; by
     default one is made from ``settings.redis_url`` (and closed by ``dispose``), except on
-    the embedded Redis, where the wait runs in a worker thread. ``calendar`` is the sync
-    plugin's: it offers calendar rules, None takes ``settings.calendar``.
+    the embedded Redis, where the wait runs in a worker thread. ``calendar`` and
+    ``lifecycle`` are the sync plugin's: they offer calendar rules and the lifecycle, None
+    takes ``settings.calendar`` and ``settings.lifecycle``.
     """
 
     def __init__(
@@ -165,10 +166,11 @@ class AsyncSchedulePlugin:
         consumer: str | None = None,
         async_client: redis.asyncio.Redis | None = None,
         calendar: bool | None = None,
+        lifecycle: bool | None = None,
     ) -> None:
         self.sync = SchedulePlugin(
             store=store, coordination=coordination, settings=settings, clock=clock,
-            consumer=consumer, calendar=calendar,
+            consumer=consumer, calendar=calendar, lifecycle=lifecycle,
         )
         if store is None or coordination is None or settings is None:  # raised above
             raise CompositionError("the Schedule plugin needs its services")

@@ -63,6 +63,12 @@ class AsyncScheduleTools:
         built without them, as the adapters' definitions are)."""
         return bool(getattr(self.sync, "calendar", False))
 
+    @property
+    def lifecycle(self) -> bool:
+        """Whether the tools offer the lifecycle (``schedule_update``; the sync tools'
+        switch, off for tools built without it)."""
+        return bool(getattr(self.sync, "lifecycle", False))
+
     async def call(self, agent: str, tool: str, args: Any) -> ToolResult:
         """Run one tool call; every failure becomes a closed-code error value. A call
         cancelled while it runs finishes first: its answer is then lost, never half-done."""

@@ -1,4 +1,5 @@
-"""The Schedule plugin: installs the three tools on root agents created after it loads.
+"""The Schedule plugin: installs the tools (three; four with the lifecycle) on root agents
+created after it loads.
 
 It listens only to later agent-created events, so agents that already existed when it
 loaded, and runtime children, never receive Schedule (the load-order boundary).
@@ -96,6 +97,9 @@ class SchedulePlugin:
     from ``bridge.ready`` (pushed; docs/architecture.md#hosts-followups-and-rebuild).
     ``calendar`` offers calendar rules (``schedule_create`` with ``cron``,
     docs/decisions.md#calendar-rules); None takes ``settings.calendar`` (off by default).
+    ``lifecycle`` offers ``schedule_update``, the end conditions and the cap per session
+    (docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders); None takes
+    ``settings.lifecycle`` (off by default).
     Every agent is registered the same ``ToolDefinition`` objects (a host copies one before
     changing it).
     """
@@ -109,6 +113,7 @@ class SchedulePlugin:
         clock: Clock | None = None,
         consumer: str | None = None,
         calendar: bool | None = None,
+        lifecycle: bool | None = None,
     ) -> None:
         if store is None:
             raise CompositionError("the Schedule plugin needs a session store")
@@ -126,11 +131,12 @@ class SchedulePlugin:
             store, coordination, settings, clock=clock, consumer=consumer, owed=owed
         )
         self.tools = ScheduleTools(store, coordination, settings, clock, calendar=calendar,
-                                   owed=owed, watch=self.bridge.watchdog.note)
+                                   owed=owed, watch=self.bridge.watchdog.note,
+                                   lifecycle=lifecycle)
         self._unsubscribe: Callable[[], None] | None = None
         # One set of definitions for every agent: a fresh copy each cost a host 55 KB per
         # agent (5 GB at 100,000 agents). A host must copy one before changing it.
-        self._definitions = tool_definitions(self.tools.calendar)
+        self._definitions = tool_definitions(self.tools.calendar, self.tools.lifecycle)
 
     def load(self, events: AgentEvents) -> None:
         """Start listening for agents created from now on."""

@@ -1,4 +1,5 @@
-"""The three management transactions (docs/architecture.md#management-tools).
+"""The management transactions (docs/architecture.md#management-tools): create, list,
+delete and, with the lifecycle, update.
 
 Shape checks run before the queue. Then, holding the per-agent lock: preflight flush,
 fold, one ``now`` sample, a fenced append, the barrier flush, and the re-arm from the latest
@@ -26,7 +27,12 @@ from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
-from dsh_schedule.shared.core.records import CreateChange, DeleteChange, encode_change
+from dsh_schedule.shared.core.records import (
+    CreateChange,
+    DeleteChange,
+    UpdateChange,
+    encode_change,
+)
 from dsh_schedule.shared.core.requests import (
     build_create,
     parse_create_args,
@@ -34,6 +40,7 @@ from dsh_schedule.shared.core.requests import (
     parse_list_args,
 )
 from dsh_schedule.shared.core.timecontext import derive_zone_context, implicit_zone
+from dsh_schedule.shared.core.update_requests import decide_update, parse_update_args
 from dsh_schedule.shared.core.views import (
     ToolResult,
     delete_value,
@@ -41,6 +48,7 @@ from dsh_schedule.shared.core.views import (
     list_value,
     ok_result,
     schedule_view,
+    update_not_found_value,
 )
 from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
 from dsh_schedule.shared.logging_setup import add_log_context, log_context
@@ -74,7 +82,9 @@ class ScheduleTools:
     """Runs tool calls for agents whose id is their root session id.
 
     ``calendar`` offers calendar rules (the ``cron`` selector); None takes
-    ``settings.calendar``. Records of calendar rules are read either way.
+    ``settings.calendar``. ``lifecycle`` offers ``schedule_update``, the end conditions
+    and the cap per session; None takes ``settings.lifecycle``. Records of either are
+    read whatever the switches say.
     """
 
     def __init__(
@@ -85,9 +95,11 @@ class ScheduleTools:
         clock: Clock,
         calendar: bool | None = None,
         owed: OwedRearms | None = None,
+        lifecycle: bool | None = None,
         watch: Callable[[str, FoldState], None] | None = None,
     ) -> None:
         self.calendar = settings.calendar if calendar is None else calendar
+        self.lifecycle = settings.lifecycle if lifecycle is None else lifecycle
         # Told each re-arm's fold: the host's watchdog keeps the agent's next due moment.
         self._watch = watch
         self._store = store
@@ -123,6 +135,8 @@ class ScheduleTools:
                 return self._list(agent, args)
             if tool == "schedule_delete":
                 return self._delete(agent, args)
+            if tool == "schedule_update" and self.lifecycle:
+                return self._update(agent, args)
             return error_result(ToolError("invalid_selector", f"Unknown tool {tool!r}."))
         except ToolError as err:
             return error_result(err)
@@ -152,7 +166,9 @@ class ScheduleTools:
 
     def _create(self, agent: str, args: Any) -> ToolResult:
         request = parse_create_args(
-            args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar)
+            args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar,
+            lifecycle=self.lifecycle)
+        max_active = self._settings.max_active if self.lifecycle else None
 
         def attempt(latest: _LatestFold) -> ToolResult:
             session, state = self._preflight(agent, latest)
@@ -161,7 +177,7 @@ class ScheduleTools:
             def zone() -> str:
                 return implicit_zone(derive_zone_context(session))
 
-            change = build_create(request, state, now, zone)
+            change = build_create(request, state, now, zone, max_active=max_active)
             add_log_context(schedule_id=change.schedule.id)
             state = self._append(agent, session, state, change, now)
             self._barrier(agent, change.schedule.id)
@@ -194,6 +210,30 @@ class ScheduleTools:
             return ok_result(delete_value(schedule_id, deleted=True))
 
         return self._transaction(agent, "delete", attempt)
+
+    def _update(self, agent: str, args: Any) -> ToolResult:
+        request = parse_update_args(
+            args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar)
+        add_log_context(schedule_id=request.id)
+
+        def attempt(latest: _LatestFold) -> ToolResult:
+            session, state = self._preflight(agent, latest)
+            now = self._clock()
+
+            def zone() -> str:
+                return implicit_zone(derive_zone_context(session))
+
+            decision = decide_update(request, state, now, zone)
+            if isinstance(decision, str):  # NOT_FOUND
+                return ok_result(update_not_found_value(request.id))
+            record, change = decision
+            if change is not None:
+                state = self._append(agent, session, state, change, now)
+                self._barrier(agent, request.id)
+                latest.confirmed(state)
+            return ok_result(schedule_view(record, state, now))
+
+        return self._transaction(agent, "update", attempt)
 
     # -- steps ----------------------------------------------------------------------
 
@@ -253,7 +293,7 @@ class ScheduleTools:
         agent: str,
         session: Session,
         state: FoldState,
-        change: CreateChange | DeleteChange,
+        change: CreateChange | DeleteChange | UpdateChange,
         now: int,
     ) -> FoldState:
         event = NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(change))

@@ -7,7 +7,10 @@ nowhere else. ``docs/tool-catalog.md`` is generated from them
 ``catalog_json()``, and the two exporters give the OpenAI and Anthropic tool formats.
 Each takes ``calendar``: when calendar rules are enabled (docs/decisions.md#calendar-rules)
 ``schedule_create`` gains the ``cron`` selector and a ``cron`` view; disabled (the
-default) every definition is exactly the one without them.
+default) every definition is exactly the one without them. Each takes ``lifecycle`` too
+(docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders): ``schedule_update`` is a
+fourth tool, ``schedule_create`` gains ``until`` and ``count``, views gain ``paused`` and the
+end conditions, and ``limit_exceeded`` joins the codes; disabled, nothing of it is shown.
 Schemas are JSON Schema draft 2020-12; argument schemas avoid a top-level
 ``oneOf``/``anyOf``/``allOf`` so every tool format accepts them, and stay advisory: the
 request parser remains the authority on every code.
@@ -21,7 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
-from dsh_schedule.shared.core.errors import ERROR_CODES
+from dsh_schedule.shared.core.errors import ERROR_CODES, V1_ERROR_CODES
 from dsh_schedule.shared.core.instant import MAX_SAFE_INTEGER
 from dsh_schedule.shared.core.records import MAX_EVERY_SECONDS, MIN_EVERY_SECONDS
 from dsh_schedule.shared.core.requests import DEFAULT_MAX_PROMPT_BYTES
@@ -29,6 +32,8 @@ from dsh_schedule.shared.core.views import DELIVERY_MODE, NOT_FOUND_CODE
 
 TOOL_NAMES: Final = ("schedule_create", "schedule_list", "schedule_delete")
 OPERATIONS: Final = ("create", "list", "delete")
+LIFECYCLE_TOOL_NAMES: Final = (*TOOL_NAMES, "schedule_update")
+LIFECYCLE_OPERATIONS: Final = (*OPERATIONS, "update")
 CATALOG_PATH: Final = "docs/tool-catalog.md"
 REGENERATE_COMMAND: Final = f"python -m dsh_schedule.shared.core.catalog > {CATALOG_PATH}"
 
@@ -67,12 +72,35 @@ CALENDAR_SENTENCES: Final = (
     "twice fires once, the first time."
 )
 CALENDAR_CREATE_DESCRIPTION: Final = CREATE_DESCRIPTION + CALENDAR_SENTENCES
+LIFECYCLE_CREATE_SENTENCES: Final = (
+    " A recurring reminder may also end: until (a time given as at is; the last occurrence "
+    "is the last one not after it) and count (how many times it is delivered in all, at "
+    "least 1); it then shows deliveredCount and leaves the list after its last occurrence. "
+    "A one-shot takes neither. A session holds at most a deployment-set number of active "
+    "reminders (100 by default); past it a create answers limit_exceeded."
+)
 LIST_DESCRIPTION: Final = (
     "List every active reminder of this session in creation order. Each view has state "
     '"scheduled" or "overdue" and deliveryMode "session-local" (delivered only while this '
     "session is live). An overdue recurring reminder waiting for the 300-second gap "
     "between recurring batches also shows deliveryNotBefore. Delivered one-shot reminders "
     "and deleted reminders are no longer listed."
+)
+LIFECYCLE_LIST_SENTENCES: Final = (
+    ' A paused reminder has state "paused" and is not delivered until it is resumed. A '
+    "reminder with an end condition shows until and/or count, and deliveredCount."
+)
+UPDATE_DESCRIPTION: Final = (
+    'Change an active reminder of this session, keeping its id, such as "schedule-1". Give '
+    "id and at least one change: prompt (new text; the timing stays), one of after_seconds, "
+    "at or every_seconds{cron} (a new timing, read as schedule_create reads it, counted "
+    "from now), paused (true stops it firing; false resumes it: a recurring reminder at "
+    "its next regular time, no missed ones; a one-shot whose time passed while paused is "
+    "delivered once at once), until or count (end conditions of a recurring reminder). "
+    "Only what you give changes; paused changes only when you give it. Answers the "
+    'reminder\'s view, or {"id", "updated": false, "code": "schedule_not_found"} when no '
+    "active reminder has that id, or an error object {code, message} with "
+    "schedule_create's codes."
 )
 DELETE_DESCRIPTION: Final = (
     'Delete an active reminder of this session by its id, such as "schedule-1". Answers '
@@ -112,6 +140,10 @@ ERROR_WHEN: Final[dict[str, str]] = {
     "internal_error": (
         "the lock could not be had in time, the coordination store failed, or anything "
         "unexpected happened; nothing half-done is left"
+    ),
+    "limit_exceeded": (
+        "with the lifecycle on, a create in a session already holding the most active "
+        "reminders it may (DSH_SCHEDULE_MAX_ACTIVE, 100 by default); nothing is created"
     ),
 }
 
@@ -180,9 +212,23 @@ def _cron_schema() -> dict[str, Any]:
     }
 
 
-def create_input_schema(calendar: bool = False) -> dict[str, Any]:
-    """``{prompt, after_seconds? | at? | every_seconds? | cron?}``: prompt and exactly one
-    selector (``cron`` only with ``calendar``)."""
+def _end_schemas() -> dict[str, Any]:
+    until = dict(_at_schema())
+    until["description"] = (
+        "A recurring reminder's end: no occurrence after this time (given as at is).")
+    count = {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": MAX_SAFE_INTEGER,
+        "description": "A recurring reminder's end: how many times it is delivered in all.",
+    }
+    return {"until": until, "count": count}
+
+
+def create_input_schema(calendar: bool = False, lifecycle: bool = False) -> dict[str, Any]:
+    """``{prompt, after_seconds? | at? | every_seconds? | cron?, until?, count?}``: prompt
+    and exactly one selector (``cron`` only with ``calendar``; the end conditions only with
+    ``lifecycle``)."""
     properties = {
         "prompt": _string(
             "The reminder text, shown back to you when it is due. Surrounding whitespace is "
@@ -209,8 +255,27 @@ def create_input_schema(calendar: bool = False) -> dict[str, Any]:
     }
     if calendar:
         properties["cron"] = _cron_schema()
+    if lifecycle:
+        properties.update(_end_schemas())
+        return _object(properties, ["prompt"], minProperties=2, maxProperties=4)
     # prompt plus exactly one selector, without a top-level oneOf.
     return _object(properties, ["prompt"], minProperties=2, maxProperties=2)
+
+
+def update_input_schema(calendar: bool = False) -> dict[str, Any]:
+    """``{id, prompt?, one selector?, paused?, until?, count?}``: id and at least one
+    change."""
+    create = create_input_schema(calendar, lifecycle=True)["properties"]
+    properties = {
+        "id": _string('Id of the reminder to change, such as "schedule-1", exactly as listed.',
+                      minLength=1),
+        **create,
+        "paused": {"type": "boolean",
+                   "description": "true stops the reminder firing; false resumes it."},
+    }
+    properties["prompt"] = _string("The new reminder text; the timing stays.", minLength=1)
+    properties["until"], properties["count"] = properties.pop("until"), properties.pop("count")
+    return _object(properties, ["id"], minProperties=2)
 
 
 def list_input_schema() -> dict[str, Any]:
@@ -224,14 +289,23 @@ def delete_input_schema() -> dict[str, Any]:
     return _object({"id": schedule_id}, ["id"])
 
 
-def _view_defs(calendar: bool = False) -> dict[str, Any]:
+def _view_defs(calendar: bool = False, lifecycle: bool = False) -> dict[str, Any]:
+    states = ["scheduled", "overdue", "paused"] if lifecycle else ["scheduled", "overdue"]
     common = {
         "id": _string("Session-local schedule id.", minLength=1),
         "prompt": _string("The trimmed reminder text.", minLength=1),
         "scheduledAt": _string("Next target, canonical UTC.", pattern=INSTANT_PATTERN),
-        "state": {"enum": ["scheduled", "overdue"]},
+        "state": {"enum": states},
         "deliveryMode": {"const": DELIVERY_MODE},
     }
+    ends: dict[str, Any] = {}
+    if lifecycle:
+        ends = {
+            "until": _string("No occurrence after this instant.", pattern=INSTANT_PATTERN),
+            "count": {"type": "integer", "minimum": 1, "maximum": MAX_SAFE_INTEGER},
+            "deliveredCount": {"type": "integer", "minimum": 0,
+                               "description": "Occurrences delivered so far."},
+        }
     base = ["id", "kind", "prompt", "scheduledAt", "state", "deliveryMode"]
     after = {"type": "integer", "minimum": 1, "maximum": MAX_SAFE_INTEGER}
     every = {"type": "integer", "minimum": MIN_EVERY_SECONDS, "maximum": MAX_EVERY_SECONDS}
@@ -251,6 +325,7 @@ def _view_defs(calendar: bool = False) -> dict[str, Any]:
                 **common,
                 "kind": {"const": "every"},
                 "everySeconds": every,
+                **ends,
                 "deliveryNotBefore": not_before,
             },
             [*base, "everySeconds"],
@@ -263,6 +338,7 @@ def _view_defs(calendar: bool = False) -> dict[str, Any]:
                 "kind": {"const": "cron"},
                 "cron": _string("The rule, trimmed, its spaces made single.", minLength=1),
                 "timeZone": _string('The zone the rule is read in: "UTC" or Area/Location.'),
+                **ends,
                 "deliveryNotBefore": not_before,
             },
             [*base, "cron", "timeZone"],
@@ -270,13 +346,13 @@ def _view_defs(calendar: bool = False) -> dict[str, Any]:
     return defs
 
 
-def error_schema() -> dict[str, Any]:
+def error_schema(lifecycle: bool = False) -> dict[str, Any]:
     """The error object: ``{code, message}`` plus the optional documented extras."""
     return _object(
         {
-            "code": {"enum": list(ERROR_CODES)},
+            "code": {"enum": list(ERROR_CODES if lifecycle else V1_ERROR_CODES)},
             "message": _string("Stable explanation of what to do next."),
-            "operation": {"enum": list(OPERATIONS)},
+            "operation": {"enum": list(LIFECYCLE_OPERATIONS if lifecycle else OPERATIONS)},
             "id": _string("The schedule id concerned, when known."),
             "sessionTimeZone": _string('The session\'s zone, or "unavailable".'),
             "clientTimeZones": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
@@ -285,32 +361,49 @@ def error_schema() -> dict[str, Any]:
     )
 
 
-def _result(description: str, one_of: list[dict[str, Any]], defs: dict[str, Any]) -> dict[str, Any]:
+def _result(description: str, one_of: list[dict[str, Any]], defs: dict[str, Any],
+            lifecycle: bool = False) -> dict[str, Any]:
     return {
         "description": description,
         "oneOf": one_of,
-        "$defs": {**defs, "error": error_schema()},
+        "$defs": {**defs, "error": error_schema(lifecycle)},
     }
 
 
-def create_output_schema(calendar: bool = False) -> dict[str, Any]:
+def create_output_schema(calendar: bool = False, lifecycle: bool = False) -> dict[str, Any]:
     return _result(
         "The new schedule's view, or an error.",
         [{"$ref": "#/$defs/view"}, {"$ref": "#/$defs/error"}],
-        _view_defs(calendar),
+        _view_defs(calendar, lifecycle),
+        lifecycle,
     )
 
 
-def list_output_schema(calendar: bool = False) -> dict[str, Any]:
+def list_output_schema(calendar: bool = False, lifecycle: bool = False) -> dict[str, Any]:
     views = {"type": "array", "items": {"$ref": "#/$defs/view"}}
     return _result(
         "The views of all active schedules in creation order, or an error.",
         [views, {"$ref": "#/$defs/error"}],
-        _view_defs(calendar),
+        _view_defs(calendar, lifecycle),
+        lifecycle,
     )
 
 
-def delete_output_schema() -> dict[str, Any]:
+def update_output_schema(calendar: bool = False) -> dict[str, Any]:
+    schedule_id = _string("The id that was asked for.")
+    not_found = _object(
+        {"id": schedule_id, "updated": {"const": False}, "code": {"const": NOT_FOUND_CODE}},
+        ["id", "updated", "code"],
+    )
+    return _result(
+        "The schedule's view once updated; not found is an answer, not an error.",
+        [{"$ref": "#/$defs/view"}, {"$ref": "#/$defs/notFound"}, {"$ref": "#/$defs/error"}],
+        {**_view_defs(calendar, lifecycle=True), "notFound": not_found},
+        lifecycle=True,
+    )
+
+
+def delete_output_schema(lifecycle: bool = False) -> dict[str, Any]:
     schedule_id = _string("The id that was asked for.")
     deleted = _object({"id": schedule_id, "deleted": {"const": True}}, ["id", "deleted"])
     not_found = _object(
@@ -321,35 +414,50 @@ def delete_output_schema() -> dict[str, Any]:
         "Whether the schedule was deleted; not found is an answer, not an error.",
         [{"$ref": "#/$defs/deleted"}, {"$ref": "#/$defs/notFound"}, {"$ref": "#/$defs/error"}],
         {"deleted": deleted, "notFound": not_found},
+        lifecycle,
     )
 
 
-def tool_definitions(calendar: bool = False) -> list[ToolDefinition]:
-    """The three management tools in catalog order (fresh, independently mutable copies);
-    ``calendar`` gives the variant with calendar rules."""
-    return [
+def tool_definitions(calendar: bool = False, lifecycle: bool = False) -> list[ToolDefinition]:
+    """The management tools in catalog order (fresh, independently mutable copies):
+    three, and ``schedule_update`` fourth with ``lifecycle``; ``calendar`` gives the
+    variant with calendar rules."""
+    create = CALENDAR_CREATE_DESCRIPTION if calendar else CREATE_DESCRIPTION
+    listing = LIST_DESCRIPTION
+    if lifecycle:
+        create += LIFECYCLE_CREATE_SENTENCES
+        listing += LIFECYCLE_LIST_SENTENCES
+    tools = [
         ToolDefinition(
             name="schedule_create",
-            description=CALENDAR_CREATE_DESCRIPTION if calendar else CREATE_DESCRIPTION,
-            input_schema=create_input_schema(calendar),
-            output_schema=create_output_schema(calendar),
+            description=create,
+            input_schema=create_input_schema(calendar, lifecycle),
+            output_schema=create_output_schema(calendar, lifecycle),
         ),
         ToolDefinition(
             name="schedule_list",
-            description=LIST_DESCRIPTION,
+            description=listing,
             input_schema=list_input_schema(),
-            output_schema=list_output_schema(calendar),
+            output_schema=list_output_schema(calendar, lifecycle),
         ),
         ToolDefinition(
             name="schedule_delete",
             description=DELETE_DESCRIPTION,
             input_schema=delete_input_schema(),
-            output_schema=delete_output_schema(),
+            output_schema=delete_output_schema(lifecycle),
         ),
     ]
+    if lifecycle:
+        tools.append(ToolDefinition(
+            name="schedule_update",
+            description=UPDATE_DESCRIPTION.replace("{cron}", ", cron" if calendar else ""),
+            input_schema=update_input_schema(calendar),
+            output_schema=update_output_schema(calendar),
+        ))
+    return tools
 
 
-def catalog_json(calendar: bool = False) -> list[dict[str, Any]]:
+def catalog_json(calendar: bool = False, lifecycle: bool = False) -> list[dict[str, Any]]:
     """What ``dsh-schedule catalog`` prints: name, description, inputSchema, outputSchema."""
     return [
         {
@@ -358,11 +466,11 @@ def catalog_json(calendar: bool = False) -> list[dict[str, Any]]:
             "inputSchema": tool.input_schema,
             "outputSchema": tool.output_schema,
         }
-        for tool in tool_definitions(calendar)
+        for tool in tool_definitions(calendar, lifecycle)
     ]
 
 
-def openai_tools(calendar: bool = False) -> list[dict[str, Any]]:
+def openai_tools(calendar: bool = False, lifecycle: bool = False) -> list[dict[str, Any]]:
     """The tools in the OpenAI function-calling format."""
     return [
         {
@@ -373,15 +481,15 @@ def openai_tools(calendar: bool = False) -> list[dict[str, Any]]:
                 "parameters": tool.input_schema,
             },
         }
-        for tool in tool_definitions(calendar)
+        for tool in tool_definitions(calendar, lifecycle)
     ]
 
 
-def anthropic_tools(calendar: bool = False) -> list[dict[str, Any]]:
+def anthropic_tools(calendar: bool = False, lifecycle: bool = False) -> list[dict[str, Any]]:
     """The tools in the Anthropic tool-use format."""
     return [
         {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema}
-        for tool in tool_definitions(calendar)
+        for tool in tool_definitions(calendar, lifecycle)
     ]
 
 
@@ -462,6 +570,66 @@ def _calendar_section() -> list[str]:
     ]
 
 
+def _lifecycle_section() -> list[str]:
+    create, listing, _delete, update = tool_definitions(lifecycle=True)
+    return [
+        "## The lifecycle: `schedule_update`, pause and resume, end conditions, the cap",
+        "",
+        "Offered only when the lifecycle is enabled: `SchedulePlugin(..., lifecycle=True)` "
+        "(and `AsyncSchedulePlugin`), or `DSH_SCHEDULE_LIFECYCLE=on` for `call`, `host`, "
+        "`demo` and `web`; `DSH_SCHEDULE_LIFECYCLE=on dsh-schedule catalog` prints this "
+        "variant (with `DSH_SCHEDULE_CALENDAR=on` too, both). Disabled (the default), the "
+        "tools are exactly the ones above, `until`, `count` and `schedule_update` are "
+        "unknown, and no cap applies. Records it wrote are read whatever the setting. The "
+        "semantics are in docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders.",
+        "",
+        "With it, `schedule_create` also takes `until` and `count` on a recurring reminder "
+        "(`invalid_rule` on a one-shot, for a `count` that is not a safe integer of at least "
+        "1, or an `until` before the first target; `until` answers every code `at` does), "
+        "and answers `limit_exceeded` once the session holds `DSH_SCHEDULE_MAX_ACTIVE` "
+        f"(100 by default) active reminders: {ERROR_WHEN['limit_exceeded']}. An error's "
+        "`operation` may be `update`.",
+        "",
+        f"### `{create.name}` description",
+        "",
+        create.description,
+        "",
+        "### `schedule_create` arguments",
+        "",
+        *_json_block(create.input_schema),
+        "",
+        f"### `{listing.name}` description",
+        "",
+        listing.description,
+        "",
+        "### Views",
+        "",
+        "Every view's `state` may also be `paused`; an `everyView` (and a `cronView`) may "
+        "also carry the end conditions:",
+        "",
+        *_json_block(listing.output_schema["$defs"]["everyView"]),
+        "",
+        f"## `{update.name}`",
+        "",
+        update.description,
+        "",
+        "Each argument is checked as `schedule_create` checks it, with the same codes; "
+        "`invalid_rule` also for a `paused` that is not a boolean, `count` not above the "
+        "deliveries already made, `until` before the reminder's next target, or a resume "
+        "with no occurrence left. An update that changes nothing appends nothing and "
+        "answers the view.",
+        "",
+        "### Arguments",
+        "",
+        *_json_block(update.input_schema),
+        "",
+        "### Result",
+        "",
+        *_json_block(update.output_schema),
+        "",
+    ]
+
+
 def render_catalog_markdown() -> str:
     """The full text of ``docs/tool-catalog.md``."""
     lines = [
@@ -478,6 +646,7 @@ def render_catalog_markdown() -> str:
         lines.extend(_tool_section(tool))
     lines.extend(_error_section())
     lines.extend(_calendar_section())
+    lines.extend(_lifecycle_section())
     return "\n".join(lines)
 
 

@@ -73,12 +73,14 @@ def next_wake_ms(state: FoldState, now_ms: int) -> int | None:
 def next_due_moment_ms(state: FoldState) -> int | None:
     """The earliest moment something of ``state`` is due, whatever the time is now: a
     one-shot's target, a recurring record's target or, when later, the moment the
-    recurring gate opens; None when nothing is active. ``due_decision`` at that moment
+    recurring gate opens; None when nothing unpaused is active. ``due_decision`` at that moment
     dispatches something (or, for a recurring record, waits no longer than the gate);
     stores keep it beside a session so the due sessions are found by one query."""
     gate = gate_opens_ms(state)
     moments = []
     for record in state.active:
+        if record.paused:  # never due while paused
+            continue
         target = parse_instant(record.scheduledAt)
         if isinstance(record, RECURRING_TYPES) and gate is not None:
             target = max(target, gate)

@@ -1,6 +1,8 @@
 """The closed v1 domain error codes and the exceptions that carry them.
 
-Every public failure of a Schedule tool is one of the eleven closed codes. Messages
+Every public failure of a Schedule tool is one of the eleven closed codes, or, with the
+lifecycle on (docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders), the
+twelfth, ``limit_exceeded``. Messages
 are stable, written for a model to act on, and never contain exception text or paths.
 """
 
@@ -21,9 +23,12 @@ ErrorCode = Literal[
     "corrupt_schedule_log",
     "persistence_uncertain",
     "internal_error",
+    "limit_exceeded",
 ]
 
 ERROR_CODES: Final[tuple[str, ...]] = get_args(ErrorCode)
+# The codes a tool without the lifecycle can answer: the eleven version-1 codes.
+V1_ERROR_CODES: Final[tuple[str, ...]] = tuple(c for c in ERROR_CODES if c != "limit_exceeded")
 
 DEFAULT_MESSAGES: Final[dict[str, str]] = {
     "invalid_prompt": "prompt must be a non-empty string after trimming whitespace.",
@@ -49,6 +54,7 @@ DEFAULT_MESSAGES: Final[dict[str, str]] = {
         "list schedules to see what was kept."
     ),
     "internal_error": "The schedule service failed unexpectedly; nothing was changed.",
+    "limit_exceeded": "This session holds the most active reminders it may; nothing was created.",
 }
 
 

@@ -57,7 +57,13 @@ from dsh_schedule.shared.core.cron import read_cron_selector
 from dsh_schedule.shared.core.cron_occurrences import resolve_cron
 from dsh_schedule.shared.core.errors import ToolError
 from dsh_schedule.shared.core.fold import FoldState, allocate_id
-from dsh_schedule.shared.core.instant import MAX_MS, MAX_SAFE_INTEGER, MIN_MS, format_instant
+from dsh_schedule.shared.core.instant import (
+    MAX_MS,
+    MAX_SAFE_INTEGER,
+    MIN_MS,
+    format_instant,
+    parse_instant,
+)
 from dsh_schedule.shared.core.records import (
     MIN_EVERY_SECONDS,
     RECURRING_TYPES,
@@ -66,6 +72,7 @@ from dsh_schedule.shared.core.records import (
     CreateChange,
     CronSchedule,
     EverySchedule,
+    RecurringSchedule,
     Schedule,
     create_change,
     is_utf8_safe,
@@ -114,12 +121,23 @@ _MSG_DELETE: Final[str] = (
     "surrounding whitespace."
 )
 _MSG_LIST: Final[str] = "schedule_list takes no arguments; pass {}."
+# The lifecycle's end conditions (docs/decisions.md#lifecycle-editing-pausing-and-ending-
+# reminders), offered with ``lifecycle=True``.
+END_KEYS: Final = frozenset({"until", "count"})
+MSG_COUNT: Final[str] = "count must be a whole number from 1 to 9007199254740991."
+MSG_END_ON_ONE_SHOT: Final[str] = "until and count apply only to a recurring reminder."
+MSG_UNTIL_NULL: Final[str] = "until must be a time given as at is, not null."
+MSG_UNTIL: Final[str] = "until must not be before the reminder's next time."
+MSG_LIMIT: Final[str] = (
+    "This session already has {limit} active reminders, the most it may hold; delete one "
+    "(or let one run out) before creating another.")
 
 
 class CreateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A shape-checked ``schedule_create`` call; exactly the field of ``kind`` is set.
 
-    ``prompt`` is already trimmed; ``at`` and ``cron`` are the raw selector values.
+    ``prompt`` is already trimmed; ``at`` and ``cron`` are the raw selector values, as is
+    ``until`` (None: not given); ``count`` is checked.
     """
 
     kind: SelectorKind
@@ -128,6 +146,8 @@ class CreateRequest(msgspec.Struct, frozen=True, kw_only=True):
     at: Any = None
     every_seconds: int | None = None
     cron: Any = None
+    until: Any = None
+    count: int | None = None
 
 
 def _whole_number(value: Any) -> int | None:
@@ -196,13 +216,28 @@ def _every_seconds(value: Any) -> int:
 
 
 def parse_create_args(
-    args: Any, *, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES, calendar: bool = False
+    args: Any, *, max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES, calendar: bool = False,
+    lifecycle: bool = False,
 ) -> CreateRequest:
     """The ``schedule_create`` request, or the first shape error in the module's order;
     a prompt may hold at most ``max_prompt_bytes`` bytes of UTF-8 after trimming.
 
     ``calendar`` offers the ``cron`` selector; without it ``cron`` is an unknown key.
+    ``lifecycle`` offers the end conditions ``until`` and ``count`` of a recurring record,
+    checked after the selector: ``count`` not a safe integer ≥ 1, or either on a one-shot,
+    → ``invalid_rule``; without it they are unknown keys.
     """
+    if lifecycle and isinstance(args, dict) and END_KEYS & set(args):
+        request = parse_create_args(
+            {k: v for k, v in args.items() if k not in END_KEYS},
+            max_prompt_bytes=max_prompt_bytes, calendar=calendar)
+        count = read_count(args["count"]) if "count" in args else None
+        if "until" in args and args["until"] is None:
+            raise ToolError("invalid_rule", MSG_UNTIL_NULL)
+        if request.kind in ("after", "at"):
+            raise ToolError("invalid_rule", MSG_END_ON_ONE_SHOT)
+        return msgspec.structs.replace(
+            request, until=args.get("until"), count=count)
     kind = _selector_kind(args, calendar)
     prompt = _prompt(args, max_prompt_bytes)
     if kind == "cron":
@@ -217,6 +252,13 @@ def parse_create_args(
             kind="every", prompt=prompt, every_seconds=_every_seconds(args["every_seconds"])
         )
     return CreateRequest(kind="at", prompt=prompt, at=args["at"])
+
+
+def read_count(value: Any) -> int:
+    """An end condition's ``count``: a safe integer ≥ 1 (not a bool), else ``invalid_rule``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAFE_INTEGER:
+        raise ToolError("invalid_rule", MSG_COUNT)
+    return value
 
 
 def parse_delete_args(args: Any) -> str:
@@ -268,7 +310,7 @@ def _cron_zone(zone: Callable[[], str]) -> Callable[[], str]:
 
 def build_create(
     request: CreateRequest, state: FoldState, now_ms: int, zone: Callable[[], str],
-    *, line_bytes: int = MAX_LINE_BYTES,
+    *, line_bytes: int = MAX_LINE_BYTES, max_active: int | None = None,
 ) -> CreateChange:
     """The create record for ``request`` at the single sample ``now_ms``.
 
@@ -277,13 +319,33 @@ def build_create(
     ``resolve_at`` and ``time_out_of_range``; the seconds of a request not made by
     ``parse_create_args`` are checked again and rejected as that function would. A
     recurring record that would let the session's recurring batch pass ``line_bytes``
-    once delivered is refused with ``invalid_prompt`` (``batchbound``).
+    once delivered is refused with ``invalid_prompt`` (``batchbound``). With
+    ``max_active`` (the lifecycle's cap), a session already holding that many active
+    records answers ``limit_exceeded`` before anything else is resolved. ``until``
+    resolves as ``at`` does (its errors) and must not be before the first target
+    (``invalid_rule``).
     """
+    if max_active is not None and len(state.active) >= max_active:
+        raise ToolError("limit_exceeded", MSG_LIMIT.format(limit=max_active))
     schedule = _new_schedule(request, state, now_ms, zone)
+    if isinstance(schedule, RECURRING_TYPES) and (
+            request.until is not None or request.count is not None):
+        schedule = _with_end(schedule, request, now_ms, zone)
     if isinstance(schedule, RECURRING_TYPES) and not fits_one_batch(
             state.active, schedule, line_bytes):
         raise ToolError("invalid_prompt", batch_limit_message(line_bytes))
     return create_change(schedule)
+
+
+def _with_end(
+    schedule: RecurringSchedule, request: CreateRequest, now_ms: int, zone: Callable[[], str]
+) -> RecurringSchedule:
+    until = None
+    if request.until is not None:
+        until = format_instant(resolve_at(request.until, now_ms=now_ms, implicit_zone=zone))
+        if parse_instant(until) < parse_instant(schedule.scheduledAt):
+            raise ToolError("invalid_rule", MSG_UNTIL)
+    return msgspec.structs.replace(schedule, until=until, count=request.count)
 
 
 def _new_schedule(

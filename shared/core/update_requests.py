@@ -1,7 +1,8 @@
 """The ``schedule_update`` arguments and the update record they build
 (docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders).
 
-Not offered by any tool yet: this is the pure half of the tool, checked as create checks.
+The pure half of the tool (``host/tools.py`` is the transaction around ``decide_update``),
+checked as create checks.
 ``parse_update_args`` checks shape only, in this order:
 
 1. arguments not an object, a key other than ``id``, ``prompt``, the selector keys (with
@@ -23,7 +24,7 @@ create does (``batchbound``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -33,8 +34,8 @@ from dsh_schedule.shared.core.batchbound import (
     fits_one_batch,
 )
 from dsh_schedule.shared.core.errors import ToolError
-from dsh_schedule.shared.core.fold import EMPTY
-from dsh_schedule.shared.core.instant import MAX_SAFE_INTEGER, format_instant, parse_instant
+from dsh_schedule.shared.core.fold import EMPTY, FoldState
+from dsh_schedule.shared.core.instant import format_instant, parse_instant
 from dsh_schedule.shared.core.lifecycle import resume_target_ms
 from dsh_schedule.shared.core.records import (
     RECURRING_TYPES,
@@ -47,12 +48,16 @@ from dsh_schedule.shared.core.records import (
 from dsh_schedule.shared.core.replay import apply_update
 from dsh_schedule.shared.core.requests import (
     CALENDAR_SELECTOR_KEYS,
+    MSG_END_ON_ONE_SHOT,
+    MSG_UNTIL,
+    MSG_UNTIL_NULL,
     SELECTOR_KEYS,
     CreateRequest,
     SelectorKind,
     build_create,
     parse_create_args,
     parse_delete_args,
+    read_count,
 )
 from dsh_schedule.shared.core.timesel import resolve_at
 
@@ -62,10 +67,7 @@ _MSG_SELECTOR: Final[str] = (
     "every_seconds{cron}, paused, until or count; no other keys."
 )
 _MSG_PAUSED: Final[str] = "paused must be true or false."
-_MSG_COUNT: Final[str] = "count must be a whole number from 1 to 9007199254740991."
-_MSG_ONE_SHOT: Final[str] = "until and count apply only to a recurring reminder."
 _MSG_COUNT_REACHED: Final[str] = "count must be above the occurrences already delivered."
-_MSG_UNTIL: Final[str] = "until must not be before the reminder's next time."
 _MSG_NO_FUTURE: Final[str] = "The reminder has no occurrence left to resume at."
 
 
@@ -101,11 +103,9 @@ def parse_update_args(
     paused = args.get("paused")
     if "paused" in args and not isinstance(paused, bool):
         raise ToolError("invalid_rule", _MSG_PAUSED)
-    count = args.get("count")
-    if "count" in args and (
-        isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SAFE_INTEGER
-    ):
-        raise ToolError("invalid_rule", _MSG_COUNT)
+    count = read_count(args["count"]) if "count" in args else None
+    if "until" in args and args["until"] is None:
+        raise ToolError("invalid_rule", MSG_UNTIL_NULL)
     return UpdateRequest(
         id=schedule_id,
         prompt=checked.prompt if "prompt" in args else None,
@@ -114,6 +114,26 @@ def parse_update_args(
         until=args["until"] if "until" in args else None,
         count=count,
     )
+
+
+NotFound = Literal["schedule_not_found"]
+NOT_FOUND: Final[NotFound] = "schedule_not_found"
+
+
+def decide_update(
+    request: UpdateRequest, state: FoldState, now_ms: int, zone: Callable[[], str], *,
+    line_bytes: int = MAX_LINE_BYTES,
+) -> tuple[Schedule, UpdateChange | None] | NotFound:
+    """What ``schedule_update`` does to the fold ``state`` at ``now_ms``: ``NOT_FOUND``
+    when no active record has the id (never created, delivered, ended or deleted); else
+    the record as it will be and the update record to append (None: the request changes
+    nothing, nothing is appended). Raises what ``build_update`` raises."""
+    record = state.find(request.id)
+    if record is None:
+        return NOT_FOUND
+    change = build_update(request, record, now_ms, zone, active=state.active,
+                          line_bytes=line_bytes)
+    return (record if change is None else apply_update(record, change)), change
 
 
 def build_update(
@@ -158,7 +178,7 @@ def _update_change(
             if format_instant(moved) != record.scheduledAt:
                 target = fields["scheduledAt"] = format_instant(moved)
     if (request.until is not None or request.count is not None) and not recurring:
-        raise ToolError("invalid_rule", _MSG_ONE_SHOT)
+        raise ToolError("invalid_rule", MSG_END_ON_ONE_SHOT)
     # A recurring record keeps its end conditions through a timing change; a one-shot has none.
     until = _current(record, "until") if recurring else None
     if request.until is not None:
@@ -171,7 +191,7 @@ def _update_change(
             raise ToolError("invalid_rule", _MSG_COUNT_REACHED)
         fields["count"] = request.count
     if until is not None and parse_instant(until) < parse_instant(target):
-        raise ToolError("invalid_rule", _MSG_UNTIL)
+        raise ToolError("invalid_rule", MSG_UNTIL)
     if not fields:
         return None
     return UpdateChange(id=record.id, **fields)

@@ -94,6 +94,11 @@ def delete_value(id: str, deleted: bool) -> dict[str, Any]:
     return {"id": id, "deleted": False, "code": NOT_FOUND_CODE}
 
 
+def update_not_found_value(id: str) -> dict[str, Any]:
+    """What ``schedule_update`` answers for an id no active record has."""
+    return {"id": id, "updated": False, "code": NOT_FOUND_CODE}
+
+
 def render(value: Any) -> str:
     """Deterministic compact JSON: insertion order kept, non-ASCII kept, no NaN."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
