@@ -13,7 +13,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from dsh_schedule.shared.core.instant import format_instant, to_ms
 from tests.support import reminder_texts
@@ -366,3 +366,32 @@ def test_with_the_lifecycle_on_a_reminder_is_edited_paused_and_resumed_from_the_
     assert records[3]["prompt"] == "water the ferns"
     assert records[3]["everySeconds"] == 900
     page.screenshot(path=artifacts / "session-lifecycle.png", full_page=True)
+
+
+def test_a_rows_button_is_acknowledged_when_a_live_update_replaced_its_row_meanwhile(
+        served: Served, browser: Browser) -> None:
+    # given a reminder, and its Delete post held on its way to the console
+    served.console.create_session("race", "UTC")
+    served.console.prompt("race", "every 5 minutes check the build", None)
+    page = open_page(browser, "UTC")
+    page.goto(served.at("/session/race"))
+    held: list[Route] = []
+    page.route("**/delete/race", lambda route: held.append(route))
+    page.locator("#reminders tr[data-schedule-id=schedule-1] button").click()
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the delete was never posted"
+
+    # when a live update replaces the reminders table (and the form that posted) before
+    # the answer comes
+    page.evaluate("(() => { const r = document.getElementById('reminders');"
+                  " r.innerHTML = r.innerHTML; })()")
+    held[0].continue_()
+
+    # then the tool's answer is still shown beside the forms
+    expect(page.locator("#act-result")).to_have_text("Deleted schedule-1.")
+    operations = [e.data["operation"] for e in served.console.store.read("race").events
+                  if e.type == "schedule/change"]
+    assert operations == ["create", "delete"]

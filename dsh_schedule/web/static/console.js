@@ -135,24 +135,27 @@
     var result = document.getElementById("act-result");
     var problem = document.getElementById("act-error");
     if (!result || !problem) return;
-    function acting(event) {
-      var form = event.target.closest &&
-        event.target.closest("form.act, form.delete, form.update");
-      return form || null;
-    }
-    document.addEventListener("htmx:configRequest", function (event) {
-      if (acting(event)) event.detail.parameters.clientTimeZone = browserZone();
-    });
-    document.addEventListener("htmx:afterRequest", function (event) {
-      if (!acting(event) || !event.detail.successful) return;
+    function acknowledged(event) {
+      if (!event.detail.successful) return;
       var said = event.detail.xhr.getResponseHeader("X-Acknowledgement") || "";
       result.textContent = said ? decodeURIComponent(said) : "";
       problem.textContent = "";
-    });
-    document.addEventListener("htmx:responseError", function (event) {
-      if (!acting(event)) return;
+    }
+    function refused(event) {
       result.textContent = "";
       problem.textContent = event.detail.xhr.responseText || "the console refused the form";
+    }
+    // The answer is heard on the form itself: a live update may replace a row's form
+    // while its post is on its way, and htmx then tells only the detached form.
+    document.addEventListener("htmx:configRequest", function (event) {
+      var form = event.target.closest &&
+        event.target.closest("form.act, form.delete, form.update");
+      if (!form) return;
+      event.detail.parameters.clientTimeZone = browserZone();
+      if (form.hasAttribute("data-acknowledged")) return;
+      form.setAttribute("data-acknowledged", "");
+      form.addEventListener("htmx:afterRequest", acknowledged);
+      form.addEventListener("htmx:responseError", refused);
     });
     // Typing a selector's value picks that selector.
     document.querySelectorAll("form.act fieldset.selector label").forEach(function (label) {
