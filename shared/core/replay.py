@@ -119,10 +119,15 @@ def advance_cron(record: CronSchedule, accepted_ms: int) -> CronSchedule | None:
 
 def _recurring_delivery(record: RecurringSchedule, accepted_ms: int) -> tuple[int, Schedule | None]:
     """The occurrence a recurring dispatch accepted at ``accepted_ms`` delivers, and the
-    record after it."""
+    record after it. A dispatch accepted after ``until`` delivers the last occurrence not
+    after ``until`` (never a later one), and the record ends with it."""
+    until = parse_instant(record.until) if record.until is not None else None
+    # A late wake: the latest occurrence due, but none past the end.
+    latest = accepted_ms if until is None else min(accepted_ms, until)
     if isinstance(record, CronSchedule):
-        return cron_occurrence_at(record, accepted_ms), advance_cron(record, accepted_ms)
-    occurrence = occurrence_at(record, accepted_ms)
+        occurrence = cron_occurrence_at(record, latest)
+        return occurrence, advance_cron(record, latest)
+    occurrence = occurrence_at(record, latest)
     return occurrence, _following(record, occurrence)
 
 
