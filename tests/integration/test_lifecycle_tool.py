@@ -259,3 +259,43 @@ def test_call_with_the_switch_and_check_fold_present(tmp_path: Path) -> None:
     assert cli("check", str(log)).returncode == 0
     listed = json.loads(cli("fold", str(log)).stdout)
     assert [(v["state"], v["count"], v["deliveredCount"]) for v in listed] == [("paused", 3, 0)]
+
+
+def test_check_fold_and_present_read_every_lifecycle_record(tmp_path: Path) -> None:
+    from tests.integration.test_cli import write_log
+
+    log = write_log(tmp_path / "s.jsonl", [
+        {"version": 2, "operation": "create", "schedule": {
+            "id": "schedule-1", "kind": "every", "prompt": "water", "everySeconds": 600,
+            "scheduledAt": "2026-12-01T10:00:00.000Z", "until": "2026-12-01T12:00:00.000Z",
+            "count": 3}},
+        {"version": 1, "operation": "dispatch", "id": "schedule-1",
+         "acceptedAt": "2026-12-01T10:00:00.000Z"},
+        {"version": 2, "operation": "update", "id": "schedule-1", "prompt": "water the plants",
+         "paused": True},
+        {"version": 2, "operation": "update", "id": "schedule-1", "paused": False,
+         "scheduledAt": "2026-12-01T11:00:00.000Z"},
+        {"version": 1, "operation": "dispatch", "id": "schedule-1",
+         "acceptedAt": "2026-12-01T11:05:00.000Z"},
+    ])
+    assert cli("check", str(log)).returncode == 0
+    # each receipt shows the prompt and occurrence in force at its dispatch
+    first = json.loads(cli("present", str(log), "1").stdout)
+    second = json.loads(cli("present", str(log), "4").stdout)
+    assert (first["prompt"], first["occurrenceAt"]) == ("water", "2026-12-01T10:00:00.000Z")
+    assert (second["prompt"], second["occurrenceAt"]) == (
+        "water the plants", "2026-12-01T11:00:00.000Z")
+    (view,) = json.loads(cli("fold", str(log), "--now", "2026-12-01T11:20:00Z").stdout)
+    assert (view["scheduledAt"], view["deliveredCount"], view["state"]) == (
+        "2026-12-01T11:10:00.000Z", 2, "overdue")
+    # an update of an ended id is named by check
+    bad = write_log(tmp_path / "b.jsonl", [
+        {"version": 1, "operation": "create", "schedule": {
+            "id": "schedule-1", "kind": "at", "prompt": "x",
+            "scheduledAt": "2026-12-01T10:00:00.000Z"}},
+        {"version": 1, "operation": "delete", "id": "schedule-1"},
+        {"version": 2, "operation": "update", "id": "schedule-1", "prompt": "y"},
+    ])
+    result = cli("check", str(bad))
+    assert result.returncode == 1 and "update of inactive schedule id" in (
+        result.stdout + result.stderr)
