@@ -34,6 +34,15 @@ class CreateFigure(msgspec.Struct, frozen=True, kw_only=True):
     cron_per_s: float | None = None
     cron_latency: Latency | None = None
     cron_vs_every: float | None = None
+    # The lifecycle (docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders), in
+    # alternating blocks, each on fresh agents: creates with the switch off, creates with it
+    # on, then prompt updates of those records with it on; each rate over the off creates'
+    # (< 1: slower than creates without the switch).
+    lifecycle_off_per_s: float | None = None
+    lifecycle_create_per_s: float | None = None
+    lifecycle_update_per_s: float | None = None
+    lifecycle_create_vs_off: float | None = None
+    lifecycle_update_vs_off: float | None = None
 
 
 class SessionSize(msgspec.Struct, frozen=True, kw_only=True):

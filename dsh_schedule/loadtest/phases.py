@@ -44,7 +44,7 @@ from dsh_schedule.shared.coordination.followups import (
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.events import USER_MESSAGE
 from dsh_schedule.shared.core.instant import parse_instant, to_datetime
-from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.settings import MAX_ACTIVE_CEILING, Settings
 
 FAR_S: Final = 30 * 86_400
 OpResult = tuple[list[float], float, int]
@@ -246,6 +246,53 @@ def _recurring_creates(rt: Runtime, plan: Plan, progress: Progress
                    errors[kind]) for kind in kinds}
 
 
+def _lifecycle_calls(rt: Runtime, plan: Plan, progress: Progress) -> dict[str, float | None]:
+    """``plan.creates`` calls of each of: creates with the lifecycle off, creates with it on
+    (fresh agents each), prompt updates of the records the second made; in alternating
+    blocks: per kind its rate (None when a call failed)."""
+    progress.note("creates with the lifecycle off and on, and updates, alternating")
+    # No cap in the way of the run's own creates: what is timed is the check, not a refusal.
+    switched = {
+        "off": rt.settings,
+        "on": msgspec.structs.replace(rt.settings, lifecycle=True,
+                                      max_active=MAX_ACTIVE_CEILING),
+    }
+    hosts = {key: open_agents(rt, plan, [f"{plan.tag}-l{key}{i}"
+                                         for i in range(plan.create_agents)], settings=settings)
+             for key, settings in switched.items()}
+    agents = plan.create_agents
+
+    def create(key: str) -> Callable[[int], bool]:
+        def call(i: int) -> bool:
+            name = f"{plan.tag}-l{key}{i % agents}"
+            return not hosts[key].tool(name)(create_args(i, FAR_S + i)).is_error
+        return call
+
+    def update(i: int) -> bool:
+        name = f"{plan.tag}-lon{i % agents}"
+        # The create of call i was the (i // agents + 1)-th of its agent.
+        args = {"id": f"schedule-{i // agents + 1}", "prompt": f"load reminder {i}, edited"}
+        return not hosts["on"].tool(name, "schedule_update")(args).is_error
+
+    calls = {"off": create("off"), "on": create("on"), "update": update}
+    seconds = dict.fromkeys(calls, 0.0)
+    errors = dict.fromkeys(calls, 0)
+    block = max(1, plan.creates // RECURRING_BLOCKS)
+    for first in range(0, plan.creates, block):
+        count = min(block, plan.creates - first)
+        for key, op in calls.items():
+            def shifted(i: int, op: Callable[[int], bool] = op, first: int = first) -> bool:
+                return op(first + i)
+
+            _, spent, failed = timed_calls(shifted, count, plan.threads)
+            seconds[key] += spent
+            errors[key] += failed
+    for group in hosts.values():
+        group.close()
+    return {key: per_second(plan.creates, seconds[key]) if errors[key] == 0 else None
+            for key in calls}
+
+
 # -- creates ----------------------------------------------------------------------------
 
 
@@ -269,6 +316,7 @@ def measure_create(rt: Runtime, plan: Plan, progress: Progress) -> CreateFigure:
     recurring = _recurring_creates(rt, plan, progress)
     every_per_s, every_latency, every_errors = recurring["every"]
     cron_per_s, cron_latency, cron_errors = recurring["cron"]
+    lifecycle = _lifecycle_calls(rt, plan, progress)
     return CreateFigure(
         hosts=plan.hosts, agents=plan.create_agents, threads=plan.threads, count=plan.creates,
         errors=errors + every_errors + cron_errors,
@@ -278,7 +326,15 @@ def measure_create(rt: Runtime, plan: Plan, progress: Progress) -> CreateFigure:
         ratio_p99=cost_ratio(mine.p99_ms, lib.p99_ms),
         every_per_s=every_per_s, every_latency=every_latency, cron_per_s=cron_per_s,
         cron_latency=cron_latency, cron_vs_every=rate_ratio(cron_per_s, every_per_s),
+        lifecycle_off_per_s=lifecycle["off"], lifecycle_create_per_s=lifecycle["on"],
+        lifecycle_update_per_s=lifecycle["update"],
+        lifecycle_create_vs_off=_over(lifecycle["on"], lifecycle["off"]),
+        lifecycle_update_vs_off=_over(lifecycle["update"], lifecycle["off"]),
     )
+
+
+def _over(rate: float | None, base: float | None) -> float | None:
+    return None if rate is None or not base else round(rate / base, 3)
 
 
 def bare_creates(rt: Runtime, plan: Plan, names: Sequence[str]) -> OpResult:

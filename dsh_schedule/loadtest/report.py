@@ -77,6 +77,10 @@ def targets(f: Figures, *, real_redis: bool) -> list[Target]:
         ("create cost vs bare", "<= 3x", c.ratio_per_s if c else None, _at_most(3)),
         ("cron creates vs every_seconds creates", "<= 1.1x",
          c.cron_vs_every if c else None, _at_most(1.1)),
+        ("lifecycle on: creates/s vs off", ">= 0.9x",
+         c.lifecycle_create_vs_off if c else None, _at_least(0.9)),
+        ("lifecycle on: updates/s vs creates/s off", ">= 0.9x",
+         c.lifecycle_update_vs_off if c else None, _at_least(0.9)),
         ("lateness due->followup p99 ms", "<= 500",
          late.followup.p99_ms if late else None, _at_most(500)),
         ("rebuild seconds (10 000 agents x 10)", "<= 5", r.seconds if r else None,
@@ -171,6 +175,12 @@ def summary_rows(f: Figures) -> list[tuple[str, str, str, str]]:
             rows.append(("creates/s cron | every_seconds",
                          f"{_fmt(c.cron_per_s)} | {_fmt(c.every_per_s)}", "",
                          _fmt(c.cron_vs_every, "x")))
+        if c.lifecycle_off_per_s is not None:
+            rows.append(("lifecycle on: creates/s | updates/s (vs off)",
+                         f"{_fmt(c.lifecycle_create_per_s)} | {_fmt(c.lifecycle_update_per_s)}",
+                         f"off {_fmt(c.lifecycle_off_per_s)}",
+                         f"{_fmt(c.lifecycle_create_vs_off, 'x')} | "
+                         f"{_fmt(c.lifecycle_update_vs_off, 'x')}"))
     if (s := f.long_session) is not None:
         for size in s.sizes:
             rows.append((f"create on {size.events:,}-event session",

@@ -28,8 +28,12 @@ FIGURES: dict[str, tuple[set[str], set[str]]] = {
     "create": (
         {"hosts", "agents", "threads", "count", "errors", "seconds", "per_s", "latency",
          "bare_per_s", "bare_latency", "ratio_per_s", "ratio_p50", "ratio_p99",
-         "every_per_s", "every_latency", "cron_per_s", "cron_latency", "cron_vs_every"},
-        {"per_s", "bare_per_s", "ratio_per_s", "every_per_s", "cron_per_s", "cron_vs_every"},
+         "every_per_s", "every_latency", "cron_per_s", "cron_latency", "cron_vs_every",
+         "lifecycle_off_per_s", "lifecycle_create_per_s", "lifecycle_update_per_s",
+         "lifecycle_create_vs_off", "lifecycle_update_vs_off"},
+        {"per_s", "bare_per_s", "ratio_per_s", "every_per_s", "cron_per_s", "cron_vs_every",
+         "lifecycle_off_per_s", "lifecycle_create_per_s", "lifecycle_update_per_s",
+         "lifecycle_create_vs_off", "lifecycle_update_vs_off"},
     ),
     "long_session": (
         {"calls", "errors", "sizes", "ratio", "ratio_p50", "ratio_p99", "bare_ratio"},
