@@ -41,7 +41,7 @@ from dsh_schedule.shared.core.instant import parse_instant
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-TOOLS: Final = ("schedule_create", "schedule_list", "schedule_delete")
+TOOLS: Final = ("schedule_create", "schedule_list", "schedule_delete", "schedule_update")
 LATENESS_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
     3600.0, 21600.0, 86400.0,

@@ -280,7 +280,11 @@ def _lifecycle_calls(rt: Runtime, plan: Plan, progress: Progress) -> dict[str, f
     block = max(1, plan.creates // RECURRING_BLOCKS)
     for first in range(0, plan.creates, block):
         count = min(block, plan.creates - first)
-        for key, op in calls.items():
+        # Which create goes first changes from block to block (the update needs its creates).
+        order = ("off", "on", "update") if first // block % 2 == 0 else ("on", "off", "update")
+        for key in order:
+            op = calls[key]
+
             def shifted(i: int, op: Callable[[int], bool] = op, first: int = first) -> bool:
                 return op(first + i)
 
