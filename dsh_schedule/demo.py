@@ -5,6 +5,9 @@ A reference host with a scripted agent creates an ``after``, a local-time ``at``
 with their receipts, then survives a restart that drops all Redis state. A local ``at``
 without ``time_zone`` is answered ``timezone_confirmation_required`` until a turn's
 time-context reading confirms the session's zone (docs/architecture.md#local-times-without-a-zone).
+With ``DSH_SCHEDULE_LIFECYCLE=on`` it also edits a reminder, pauses and resumes a
+recurring one and lets a ``count: 3`` rule run out
+(docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders).
 On the embedded Redis the demo's clock is injected, and advancing it by 300 s shows the
 fixed-rate reminders arriving as one batch message. With ``--redis URL`` the same runs
 against a real Redis with real worker and scheduler subprocesses (and the wall clock, so
@@ -248,13 +251,13 @@ class Demo:
         self.restart()
         self.run_until(lambda: len(self.delivered) >= 3, 30)
 
-        batch_ok = self.fixed_rate_batch()
+        batch_ok = self.fixed_rate_batch() and self.lifecycle()
 
         events = self.store.read(SESSION).events
         fold(events)  # the invariant holds over the whole log
         self.t.say(f"session log valid: {len(events)} events; still active:")
         self.tool("schedule_list", {})
-        ok = len(self.delivered) == (4 if self.system is not None else 3) and batch_ok
+        ok = len(self.delivered) == self.expected_deliveries() and batch_ok
         self.t.say("demo finished" if ok else "demo incomplete: a reminder did not arrive")
         return 0 if ok else 1
 
@@ -284,6 +287,60 @@ class Demo:
         self.t.say(f"next occurrence: {view['scheduledAt']} = {local:%A %Y-%m-%d %H:%M} "
                    f"in {ZONE} (docs/decisions.md#calendar-rules)")
         self.tool("schedule_delete", {"id": view["id"]})
+
+    def expected_deliveries(self) -> int:
+        """Messages the script delivers: two one-shots, one after the restart, the
+        embedded batch, and with the lifecycle the edited one-shot and the embedded
+        batches around a paused and a counted record (one while paused, three counted)."""
+        embedded = self.system is not None
+        found = 4 if embedded else 3
+        if self.settings.lifecycle:
+            found += 1 + (4 if embedded else 0)
+        return found
+
+    def lifecycle(self) -> bool:
+        """An edit that keeps the id, a pause and a resume, and a ``count: 3`` rule that
+        runs out (DSH_SCHEDULE_LIFECYCLE=on; the counted rule on the embedded Redis only)."""
+        if not self.settings.lifecycle:
+            self.t.say("the lifecycle is off; DSH_SCHEDULE_LIFECYCLE=on shows an edit, a pause "
+                       "and a count: 3 rule running out")
+            return True
+        self.t.say("lifecycle: an edit keeps the id, changes only what it names, and re-arms")
+        later = self.tool("schedule_create", {"prompt": "Stand up", "after_seconds": 3600})
+        before = len(self.delivered)
+        self.tool("schedule_update", {"id": later["id"], "prompt": "Stand up and walk",
+                                      "after_seconds": 2})
+        self.run_until(lambda: len(self.delivered) > before, 30)
+        edited = any(p.scheduleId == later["id"] for d in self.delivered[before:]
+                     for p in d.pairs)
+        if self.system is None:
+            self.t.say("pause, resume and count: shown on the embedded Redis only (they "
+                       "advance an injected clock)")
+            return edited
+        return edited and self.pause_and_count()
+
+    def pause_and_count(self) -> bool:
+        """A ``count: 3`` rule, paused across one period (the batch leaves it out),
+        resumed on its next anchor-aligned target, then delivered three times and gone."""
+        counted = self.tool("schedule_create", {"prompt": "Take the bread out",
+                                                "every_seconds": EVERY_S, "count": 3})
+        self.tool("schedule_update", {"id": counted["id"], "paused": True})
+        left_out = self.advance(f"paused {counted['id']}: ")
+        self.tool("schedule_update", {"id": counted["id"], "paused": False})
+        carried = [self.advance(f"occurrence {n} of 3: ") for n in (1, 2, 3)]
+        gone = fold(self.store.read(SESSION).events).find(counted["id"]) is None
+        self.t.say(f"{counted['id']} delivered three times and ended: it leaves the list")
+        return (counted["id"] not in left_out and gone
+                and all(counted["id"] in ids for ids in carried))
+
+    def advance(self, why: str) -> set[str]:
+        """Advance the injected clock one period and wait for the batch it makes due;
+        the ids that batch carried."""
+        before = len(self.delivered)
+        self.clock.offset_ms += EVERY_S * 1000
+        self.t.say(f"{why}injected clock advanced by {EVERY_S} s")
+        self.run_until(lambda: len(self.delivered) > before, 30)
+        return {p.scheduleId for d in self.delivered[before:] for p in d.pairs}
 
     def fixed_rate_batch(self) -> bool:
         """Two fixed-rate reminders falling due together arrive as one batch message."""

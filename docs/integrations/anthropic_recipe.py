@@ -1,7 +1,8 @@
 """Recipe: Schedule with the Anthropic SDK's tool-use loop, end to end
 (docs/integrations/README.md).
 
-``anthropic_tools()`` gives the three tools in the Messages API format. The loop sends the
+``anthropic_tools()`` gives the three tools in the Messages API format (and
+``schedule_update`` as a fourth with ``lifecycle=True``). The loop sends the
 conversation, runs each ``tool_use`` block through the tools, answers with
 ``tool_result`` blocks (``is_error`` for an error value) and goes on until the model stops
 asking for tools; every step, message and tool call is recorded in the session log. A
@@ -16,7 +17,8 @@ scripts the model's replies, so this runs offline: ``pip install '.[recipes]'``
 
     python docs/integrations/anthropic_recipe.py [--redis redis://127.0.0.1:6379/0] [--verbose]
 
-``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one).
+``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one);
+``DSH_SCHEDULE_LIFECYCLE=on`` offers the fourth tool, ``schedule_update``.
 """
 
 # ruff: noqa: T201 - an example that prints what happens
@@ -59,7 +61,8 @@ MODEL = "claude-scripted"
 def scripted_model(request: httpx2.Request) -> httpx2.Response:
     """Stands in for the Messages API: asks for a reminder, then answers it."""
     body = json.loads(request.content)
-    if [tool["name"] for tool in body["tools"]] != [t["name"] for t in anthropic_tools()]:
+    names = [tool["name"] for tool in body["tools"]]
+    if names not in ([t["name"] for t in anthropic_tools(lifecycle=on)] for on in (False, True)):
         return httpx2.Response(400, json={"type": "error", "error": {
             "type": "invalid_request_error", "message": "unexpected tools"}})
     last = body["messages"][-1]["content"]
@@ -90,6 +93,8 @@ class ToolUseLoop:
         self.plugin = plugin
         self.agent_id = agent_id
         self.messages: list[dict[str, Any]] = []
+        tools = plugin.tools
+        self.tools = anthropic_tools(tools.calendar, lifecycle=tools.lifecycle)
 
     async def run(self, turn: TurnLog, user_text: str) -> str:
         """Append the user turn, then call the model until it stops asking for tools."""
@@ -100,7 +105,7 @@ class ToolUseLoop:
                 await turn.start_step()
             calls += 1
             response = await self.client.messages.create(
-                model=MODEL, max_tokens=1024, tools=anthropic_tools(), messages=self.messages)
+                model=MODEL, max_tokens=1024, tools=self.tools, messages=self.messages)
             self.messages.append({"role": "assistant",
                                   "content": [block.model_dump() for block in response.content]})
             answer = "".join(block.text for block in response.content if block.type == "text")
@@ -132,6 +137,7 @@ async def converse(plugin: AsyncSchedulePlugin) -> int:
         http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(scripted_model)),
     )
     loop = ToolUseLoop(client, plugin, SESSION)
+    print("tools:", [tool["name"] for tool in loop.tools])
 
     try:
         async with plugin.bridge.turn(SESSION):
@@ -176,7 +182,7 @@ async def main(args: argparse.Namespace) -> int:
     if args.redis is None:
         rq_level = "INFO" if args.verbose else "WARNING"  # rq's line per job, when asked
         with embedded_runtime(sessions, rq_log_level=rq_level) as runtime:
-            return await converse(runtime.async_plugin())
+            return await converse(runtime.async_plugin(lifecycle=Settings.from_env().lifecycle))
     tag = uuid.uuid4().hex[:8]
     settings = Settings.from_env(redis_url=args.redis, sessions=sessions,
                                  prefix=f"an-{tag}:", queue=f"an-{tag}")

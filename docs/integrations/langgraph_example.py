@@ -10,7 +10,8 @@ conversation), so this runs offline: ``pip install '.[langgraph]'``, then
 
     python docs/integrations/langgraph_example.py [--redis redis://127.0.0.1:6379/0] [--verbose]
 
-``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one).
+``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one);
+``DSH_SCHEDULE_LIFECYCLE=on`` offers the fourth tool, ``schedule_update``.
 """
 
 # ruff: noqa: T201 - an example that prints what happens
@@ -129,7 +130,7 @@ async def main(args: argparse.Namespace) -> int:
     if args.redis is None:
         rq_level = "INFO" if args.verbose else "WARNING"  # rq's line per job, when asked
         with embedded_runtime(sessions, rq_log_level=rq_level) as runtime:
-            return await converse(runtime.async_plugin())
+            return await converse(runtime.async_plugin(lifecycle=Settings.from_env().lifecycle))
     tag = uuid.uuid4().hex[:8]
     settings = Settings.from_env(redis_url=args.redis, sessions=sessions,
                                  prefix=f"lg-{tag}:", queue=f"lg-{tag}")

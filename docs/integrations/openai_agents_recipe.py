@@ -15,7 +15,8 @@ this runs offline: ``pip install '.[recipes]'`` (README.md#install), then
 
     python docs/integrations/openai_agents_recipe.py [--redis redis://127.0.0.1:6379/0] [--verbose]
 
-``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one).
+``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one);
+``DSH_SCHEDULE_LIFECYCLE=on`` offers the fourth tool, ``schedule_update``.
 """
 
 # ruff: noqa: T201 - an example that prints what happens
@@ -96,7 +97,8 @@ def schedule_function_tools(plugin: AsyncSchedulePlugin) -> list[FunctionTool]:
         return FunctionTool(name=name, description=description, params_json_schema=schema,
                             on_invoke_tool=invoke, strict_json_schema=False)
 
-    return [tool(d.name, d.description, d.input_schema) for d in tool_definitions()]
+    offered = tool_definitions(plugin.tools.calendar, lifecycle=plugin.tools.lifecycle)
+    return [tool(d.name, d.description, d.input_schema) for d in offered]
 
 
 class RecordingHooks(RunHooks[HostContext]):
@@ -229,7 +231,7 @@ async def main(args: argparse.Namespace) -> int:
     if args.redis is None:
         rq_level = "INFO" if args.verbose else "WARNING"  # rq's line per job, when asked
         with embedded_runtime(sessions, rq_log_level=rq_level) as runtime:
-            return await converse(runtime.async_plugin())
+            return await converse(runtime.async_plugin(lifecycle=Settings.from_env().lifecycle))
     tag = uuid.uuid4().hex[:8]
     settings = Settings.from_env(redis_url=args.redis, sessions=sessions,
                                  prefix=f"oa-{tag}:", queue=f"oa-{tag}")

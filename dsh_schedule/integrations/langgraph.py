@@ -1,7 +1,8 @@
 """Schedule for LangGraph (extra ``[langgraph]``; docs/integrations/README.md).
 
-- ``schedule_tools(plugin, thread_id)``: the three tools as LangChain ``StructuredTool``s
-  whose argument schemas are the catalog's JSON schemas, bound to the thread id (the
+- ``schedule_tools(plugin, thread_id)``: the tools as LangChain ``StructuredTool``s (the
+  three, and ``schedule_update`` when the plugin's lifecycle is on) whose argument
+  schemas are the catalog's JSON schemas, bound to the thread id (the
   thread id is the agent id, i.e. the root session id). Without a thread id each call
   takes the ``thread_id`` of the run's ``configurable``. The model's arguments reach the
   tool exactly as it sent them (a JSON-schema tool is not validated by LangChain); an
@@ -95,11 +96,11 @@ def _schedule_tool(
 def schedule_tools(
     plugin: AsyncSchedulePlugin | AsyncScheduleTools, thread_id: str | None = None
 ) -> list[BaseTool]:
-    """``schedule_create``, ``schedule_list`` and ``schedule_delete`` as LangChain tools
-    (async only), bound to ``thread_id`` — or, when None, to the ``thread_id`` of each
-    run's ``configurable``."""
+    """``schedule_create``, ``schedule_list`` and ``schedule_delete`` (and
+    ``schedule_update`` with the lifecycle on) as LangChain tools (async only), bound to
+    ``thread_id`` — or, when None, to the ``thread_id`` of each run's ``configurable``."""
     tools = _tools_of(plugin)
-    definitions = tool_definitions(tools.calendar)
+    definitions = tool_definitions(tools.calendar, lifecycle=tools.lifecycle)
     return [_schedule_tool(tools, definition, thread_id) for definition in definitions]
 
 

@@ -1,7 +1,8 @@
 """Schedule for Pydantic AI (extra ``[pydantic-ai]``, on ``pydantic-ai-slim``;
 docs/integrations/README.md).
 
-- ``schedule_tools(plugin)``: the three tools built with ``Tool.from_schema`` from the
+- ``schedule_tools(plugin)``: the three tools (and ``schedule_update`` when the plugin's
+  lifecycle is on) built with ``Tool.from_schema`` from the
   catalog's JSON schemas. They take the run context and read the agent id (the root
   session id) from the run's dependencies (``ctx.deps.agent_id``, e.g. ``ScheduleDeps``),
   and are ``sequential``: a Schedule call never overlaps another tool call of the step.
@@ -122,10 +123,12 @@ def _schedule_tool(tools: AsyncScheduleTools, definition: ToolDefinition) -> Too
 
 
 def schedule_tools(plugin: AsyncSchedulePlugin | AsyncScheduleTools) -> list[Tool[HasAgentId]]:
-    """``schedule_create``, ``schedule_list`` and ``schedule_delete`` as Pydantic AI tools
-    for an agent whose dependencies have ``agent_id``."""
+    """``schedule_create``, ``schedule_list`` and ``schedule_delete`` (and
+    ``schedule_update`` with the lifecycle on) as Pydantic AI tools for an agent whose
+    dependencies have ``agent_id``."""
     tools = _tools_of(plugin)
-    return [_schedule_tool(tools, d) for d in tool_definitions(tools.calendar)]
+    definitions = tool_definitions(tools.calendar, lifecycle=tools.lifecycle)
+    return [_schedule_tool(tools, d) for d in definitions]
 
 
 class _RunLog:

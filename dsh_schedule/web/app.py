@@ -48,7 +48,13 @@ from dsh_schedule.web.access import (
     refused_without_token,
     token_matches,
 )
-from dsh_schedule.web.console import Console, ConsoleError, create_call, delete_call
+from dsh_schedule.web.console import (
+    Console,
+    ConsoleError,
+    create_call,
+    delete_call,
+    update_call,
+)
 
 HERE: Final = Path(__file__).resolve().parent
 TEMPLATES: Final = HERE / "templates"
@@ -166,7 +172,8 @@ def create_app(console: Console, *, access: Access, port: int,
 
     def render(name: str, **context: Any) -> str:
         return env.get_template(name).render(
-            mode=console.mode, sessions_dir=str(console.settings.sessions), **context
+            mode=console.mode, sessions_dir=str(console.settings.sessions),
+            lifecycle=console.settings.lifecycle, **context
         )
 
     def page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
@@ -247,7 +254,8 @@ def create_app(console: Console, *, access: Access, port: int,
         if not console.exists(session_id):
             return page("missing.html", 404, nav="sessions", session_id=session_id)
         view = await in_thread(console.session_page, session_id)
-        return page("session.html", nav="session", page=view, help=model.HELP,
+        shown = model.LIFECYCLE_HELP if console.settings.lifecycle else model.HELP
+        return page("session.html", nav="session", page=view, help=shown,
                     calendar=console.settings.calendar)
 
     @app.post("/prompt/{session_id:path}", response_model=None)
@@ -286,6 +294,12 @@ def create_app(console: Console, *, access: Access, port: int,
     @app.post("/create/{session_id:path}", response_model=None)
     async def create_reminder(session_id: str, request: Request) -> Response:
         return await act(session_id, request, lambda form: create_call(
+            form, calendar=console.settings.calendar, lifecycle=console.settings.lifecycle))
+
+    @app.post("/update/{session_id:path}", response_model=None)
+    async def update_reminder(session_id: str, request: Request) -> Response:
+        """The edit form and the pause and resume buttons (with the lifecycle on)."""
+        return await act(session_id, request, lambda form: update_call(
             form, calendar=console.settings.calendar))
 
     @app.post("/delete/{session_id:path}", response_model=None)

@@ -74,6 +74,7 @@ STEPPING_STALE_S: Final = 5.0  # an embedded system not stepped for this long is
 MAX_PROMPT: Final = 4000  # characters of one prompt
 MAX_SESSION_ID: Final = 64
 FORM_TOOLS: Final = ("schedule_create", "schedule_delete")  # what the page's forms call
+LIFECYCLE_FORM_TOOLS: Final = (*FORM_TOOLS, "schedule_update")  # and with the lifecycle on
 STATUS_SOCKET_TIMEOUT_S: Final = 2.0
 
 
@@ -310,8 +311,9 @@ class Console:
         """One user turn in which the person's form, not the model, calls a tool: the
         same handler the model's calls reach, so its answer or error is the tool's own
         (docs/web.md#acting-from-the-page). Returns the readable acknowledgement."""
-        if call.name not in FORM_TOOLS:
-            raise ConsoleError(f"the console's forms call {', '.join(FORM_TOOLS)}")
+        offered = LIFECYCLE_FORM_TOOLS if self.settings.lifecycle else FORM_TOOLS
+        if call.name not in offered:
+            raise ConsoleError(f"the console's forms call {', '.join(offered)}")
         return self._turn(session_id, f"(console form) {call.name} {_compact(call.args)}",
                           client_time_zone, call)
 
@@ -343,7 +345,8 @@ class Console:
             turn = self._append(session_id, opening)
             plan = (model.Plan(calls=(form_call,)) if form_call is not None
                     else model.plan(text, now_ms=now, zone=reading_zone,
-                                    calendar=self.settings.calendar))
+                                    calendar=self.settings.calendar,
+                                    lifecycle=self.settings.lifecycle))
             answered = [self._call(session_id, agent, call) for call in plan.calls]
             reply = plan.reply or model.answer(answered, zone=reading_zone)
 
@@ -412,27 +415,86 @@ _WHOLE: Final = re.compile(r"[+-]?\d{1,18}")
 _LOCAL_TIME: Final = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})T(?P<time>\d{2}:\d{2})(?P<s>:\d{2})?")
 
 
-def create_call(form: dict[str, str], *, calendar: bool) -> model.ToolCall:
+def create_call(form: dict[str, str], *, calendar: bool, lifecycle: bool = False
+                ) -> model.ToolCall:
     """The ``schedule_create`` call of the page's create form: its prompt and exactly one
     selector, the kind the form names. Values pass as typed (a whole number as a number),
     so the tool, not the page, judges them. ``at`` is the browser's local date and time
-    with the browser's zone; ``cron`` is the rule read in that zone."""
+    with the browser's zone; ``cron`` is the rule read in that zone. With the lifecycle on,
+    a filled-in ``count`` or ``until`` (read as ``at`` is) goes with it."""
     kind = form.get("selector", "")
+    _check_selector(kind, calendar)
+    args: dict[str, Any] = {"prompt": form.get("prompt", ""),
+                            kind: _selector_value(form, kind)}
+    if lifecycle:
+        args.update(_end_conditions(form))
+    return model.ToolCall("schedule_create", args)
+
+
+def update_call(form: dict[str, str], *, calendar: bool) -> model.ToolCall:
+    """The ``schedule_update`` call of the page's edit form, or of a row's pause or resume
+    button: the id, and only what the form changes — a non-empty prompt, the timing
+    when a selector other than ``keep`` is picked (read as create reads it), ``paused``
+    when the form says ``true`` or ``false``, a filled-in ``until`` or ``count``. The tool
+    judges the rest, including an edit that changes nothing."""
+    args: dict[str, Any] = {"id": form.get("id", "")}
+    if form.get("prompt", "").strip():
+        args["prompt"] = form["prompt"]
+    kind = form.get("selector", "keep") or "keep"
+    if kind != "keep":
+        _check_selector(kind, calendar)
+        args[kind] = _selector_value(form, kind)
+    paused = form.get("paused", "")
+    if paused in ("true", "false"):
+        args["paused"] = paused == "true"
+    elif paused:
+        raise ConsoleError("paused is true or false")
+    args.update(_end_conditions(form))
+    return model.ToolCall("schedule_update", args)
+
+
+def _check_selector(kind: str, calendar: bool) -> None:
     offered = SELECTORS if calendar else SELECTORS[:3]
     if kind not in offered:
         raise ConsoleError(f"the selector is one of {', '.join(offered)}")
+
+
+def _selector_value(form: dict[str, str], kind: str) -> Any:
     value = form.get(kind, "").strip()
     zone = form.get("clientTimeZone", "").strip()
-    selector: Any = value
-    if kind in ("after_seconds", "every_seconds") and _WHOLE.fullmatch(value):
-        selector = int(value)
-    elif kind == "at" and (match := _LOCAL_TIME.fullmatch(value)):
-        selector = {"date": match["date"], "time": match["time"] + (match["s"] or ":00")}
-        if zone:
-            selector["time_zone"] = zone
-    elif kind == "cron" and zone:
-        selector = {"expression": value, "time_zone": zone}
-    return model.ToolCall("schedule_create", {"prompt": form.get("prompt", ""), kind: selector})
+    if kind in ("after_seconds", "every_seconds"):
+        return _whole(value)
+    if kind == "at":
+        return _local_at(value, zone)
+    if kind == "cron" and zone:
+        return {"expression": value, "time_zone": zone}
+    return value
+
+
+def _end_conditions(form: dict[str, str]) -> dict[str, Any]:
+    """``count`` and ``until`` when filled in (``until`` read as a local ``at`` is)."""
+    found: dict[str, Any] = {}
+    if count := form.get("count", "").strip():
+        found["count"] = _whole(count)
+    if until := form.get("until", "").strip():
+        found["until"] = _local_at(until, form.get("clientTimeZone", "").strip())
+    return found
+
+
+def _whole(value: str) -> Any:
+    return int(value) if _WHOLE.fullmatch(value) else value
+
+
+def _local_at(value: str, zone: str) -> Any:
+    """The browser's local date and time as an ``at`` object in the browser's zone (the
+    text as typed when it is no such time: the tool says why)."""
+    match = _LOCAL_TIME.fullmatch(value)
+    if match is None:
+        return value
+    selector = {"date": match["date"], "time": match["time"] + (match["s"] or ":00")}
+    if zone:
+        selector["time_zone"] = zone
+    return selector
 
 
 def delete_call(form: dict[str, str]) -> model.ToolCall:

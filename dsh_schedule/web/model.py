@@ -18,7 +18,9 @@ It understands
   alone (its zone from the turn, as for a bare ``at``), or ``{expression, time_zone}``
   when a zone is named;
 - ``list`` → ``schedule_list``;
-- ``delete schedule-2`` (or ``cancel``/``remove``) → ``schedule_delete``.
+- ``delete schedule-2`` (or ``cancel``/``remove``) → ``schedule_delete``;
+- with the lifecycle on (docs/decisions.md#lifecycle-editing-pausing-and-ending-reminders):
+  ``pause schedule-2`` and ``resume schedule-2`` → ``schedule_update`` with ``paused``.
 
 Anything else gets no tool call and a short help answer. Pure: ``now`` and the zone are
 passed in.
@@ -41,6 +43,7 @@ HELP: Final = (
     "build”, “at 17:00 call the office” (your browser's zone; or “at 17:00 in "
     "Europe/Berlin call the office”), “list” and “delete schedule-2”."
 )
+LIFECYCLE_HELP: Final = HELP[:-1] + ", “pause schedule-2” and “resume schedule-2”."
 
 _UNITS: Final = {
     "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
@@ -85,6 +88,7 @@ _LIST: Final = re.compile(
     r"(?:list|ls|show|list reminders|show reminders|what(?:'s| is) scheduled)\??", _FLAGS
 )
 _DELETE: Final = re.compile(r"(?:delete|cancel|remove)\s+(?P<id>\S+)", _FLAGS)
+_PAUSE: Final = re.compile(r"(?P<verb>pause|resume)\s+(?P<id>\S+)", _FLAGS)
 
 
 @dataclass(frozen=True)
@@ -110,11 +114,13 @@ class Answered:
     value: Any
 
 
-def plan(text: str, *, now_ms: int, zone: str | None, calendar: bool = False) -> Plan:
+def plan(text: str, *, now_ms: int, zone: str | None, calendar: bool = False,
+         lifecycle: bool = False) -> Plan:
     """The tool calls for a prompt. ``zone`` is the zone the model reads local times in
     (the session's, from the time-context reading); it only picks the date of a bare
     ``at HH:MM``, it is never passed to the tool. ``calendar`` says whether the tool
-    offers calendar rules; only then is ``every weekday at 09:00 …`` a rule."""
+    offers calendar rules; only then is ``every weekday at 09:00 …`` a rule. ``lifecycle``
+    says whether ``schedule_update`` is offered; only then is ``pause schedule-2`` a call."""
     words = " ".join(text.split())
     if not words:
         return Plan(reply=HELP)
@@ -122,6 +128,9 @@ def plan(text: str, *, now_ms: int, zone: str | None, calendar: bool = False) ->
         return Plan(calls=(ToolCall("schedule_list", {}),))
     if match := _DELETE.fullmatch(words):
         return Plan(calls=(ToolCall("schedule_delete", {"id": match["id"]}),))
+    if lifecycle and (match := _PAUSE.fullmatch(words)):
+        paused = match["verb"].lower() == "pause"
+        return Plan(calls=(ToolCall("schedule_update", {"id": match["id"], "paused": paused}),))
     if match := _AFTER.fullmatch(words) or _AFTER_TAIL.fullmatch(words):
         seconds = _count(match["n"]) * _UNITS[match["unit"].lower()]
         return _create(match["prompt"], after_seconds=seconds)
@@ -226,10 +235,26 @@ def _one(item: Answered, zone: str | None) -> str:
         if value.get("deleted"):
             return f"Deleted {value['id']}."
         return f"{value['id']} is not an active reminder ({value.get('code')})."
+    if name == "schedule_update" and isinstance(value, dict):
+        return _updated(item.call.args, value, zone)
     return f"{name} answered."
 
 
+def _updated(args: dict[str, Any], value: dict[str, Any], zone: str | None) -> str:
+    """What the model says of an update: paused or resumed when that was all it asked."""
+    if value.get("updated") is False:
+        return f"{value['id']} is not an active reminder ({value.get('code')})."
+    described = _describe(value, zone) + (", paused" if value.get("state") == "paused" else "")
+    if set(args) == {"id", "paused"}:
+        return f"{'Paused' if args['paused'] else 'Resumed'} {value['id']}: {described}."
+    return f"Updated {value['id']}: {described}."
+
+
 def _describe(view: dict[str, Any], zone: str | None) -> str:
+    return _timing(view, zone) + _ends(view, zone)
+
+
+def _timing(view: dict[str, Any], zone: str | None) -> str:
     when = local_text(parse_instant(view["scheduledAt"]), zone)
     prompt = f"“{view['prompt']}”"
     if view["kind"] == "every":
@@ -239,6 +264,16 @@ def _describe(view: dict[str, Any], zone: str | None) -> str:
     if view["kind"] == "cron":
         return f"{prompt} on the rule “{view['cron']}” in {view['timeZone']}, next at {when}"
     return f"{prompt} at {when}"
+
+
+def _ends(view: dict[str, Any], zone: str | None) -> str:
+    """A recurring view's end conditions: how many times (and how many delivered), until."""
+    text = ""
+    if "count" in view:
+        text += f", {view['count']} times ({view.get('deliveredCount', 0)} delivered)"
+    if "until" in view:
+        text += f", until {local_text(parse_instant(view['until']), zone)}"
+    return text
 
 
 def _example_zone(zone: Any) -> str:

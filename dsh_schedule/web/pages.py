@@ -337,7 +337,8 @@ def session_summary(session: Session, state: FoldState | None, problem: str | No
                     now_ms: int) -> SessionSummary:
     zone = session.header.timeZone
     rows = [] if state is None else reminder_rows(state, now_ms=now_ms, zone=zone)
-    upcoming = min(rows, key=lambda row: row.due_ms, default=None)
+    waiting = [row for row in rows if row.view["state"] != "paused"]  # a paused one is not due
+    upcoming = min(waiting, key=lambda row: row.due_ms, default=None)
     return SessionSummary(
         id=session.header.id,
         zone=zone,

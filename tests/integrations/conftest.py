@@ -17,3 +17,12 @@ def plugin(settings: Settings) -> AsyncSchedulePlugin:
         store=JsonlStore(settings.sessions), settings=settings,
         coordination=Coordination(fakeredis.FakeRedis(), settings),
     )
+
+
+@pytest.fixture
+def lifecycle_plugin(settings: Settings) -> AsyncSchedulePlugin:
+    """``plugin`` with the lifecycle on: ``schedule_update`` is offered."""
+    return AsyncSchedulePlugin(
+        store=JsonlStore(settings.sessions), settings=settings,
+        coordination=Coordination(fakeredis.FakeRedis(), settings), lifecycle=True,
+    )

@@ -139,3 +139,25 @@ def test_the_example_delivers_the_reminder_once_and_the_model_answers_it(
         capture_output=True, text=True, env=env, timeout=60,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.timeout(TIMEOUT_S + 30)
+@pytest.mark.parametrize("recipe", EXAMPLES_RUN)
+def test_with_the_lifecycle_on_an_example_offers_schedule_update_and_still_delivers(
+        recipe: str, tmp_path: Path) -> None:
+    # given an example on the embedded runtime with DSH_SCHEDULE_LIFECYCLE=on
+    sessions = tmp_path / "sessions"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
+    env.update(DSH_SCHEDULE_SESSIONS=str(sessions), DSH_SCHEDULE_LIFECYCLE="on")
+
+    # when it runs to its end
+    result = run_example(EXAMPLES / recipe, env, [])
+
+    # then the model was offered the four tools, and the reminder came once as before
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    assert result.stderr == "", result.stderr[-4000:]
+    [offered] = [line for line in result.stdout.splitlines() if line.startswith("tools")]
+    assert "schedule_update" in offered, offered
+    assert "model answered: Reminder: time to stretch!" in result.stdout
+    store = JsonlStore(sessions)
+    assert delivered_counts(store, SESSION) == {"schedule-1": 1}

@@ -229,3 +229,46 @@ def test_an_agent_from_create_agent_runs_the_tools_and_records_the_turn(
         "tool/call", "tool/result", "step/end", "step/start", "assistant/message", "step/end",
         "turn/end",
     ]
+
+
+def test_with_the_lifecycle_on_the_fourth_tool_edits_pauses_and_says_not_found(
+        lifecycle_plugin: AsyncSchedulePlugin, plugin: AsyncSchedulePlugin) -> None:
+    # given a plugin with the lifecycle on (and one without, for the names)
+    plugin_on = lifecycle_plugin
+    plugin_on.store.create(SessionHeader(id="s1", createdAt=0))
+    tools = schedule_tools(plugin_on, "s1")
+    definitions = tool_definitions(lifecycle=True)
+    assert [t.name for t in tools] == [d.name for d in definitions] == [
+        "schedule_create", "schedule_list", "schedule_delete", "schedule_update"]
+    assert [t.name for t in schedule_tools(plugin, "s1")] == [
+        "schedule_create", "schedule_list", "schedule_delete"]
+    update = convert_to_openai_tool(tools[3])["function"]
+    update["parameters"].pop("description", None)
+    assert update["parameters"] == definitions[3].input_schema
+    create, _listing, _delete, edit = tools
+
+    # when the model creates a recurring reminder, pauses it, renames it and names an
+    # unknown id
+    async def scenario() -> list[ToolMessage]:
+        answers = []
+        for i, (tool, args) in enumerate([
+            (create, {"prompt": "water", "every_seconds": 600, "count": 3}),
+            (edit, {"id": "schedule-1", "paused": True}),
+            (edit, {"id": "schedule-1", "prompt": "water the ferns"}),
+            (edit, {"id": "schedule-9", "paused": True}),
+        ]):
+            answers.append(await tool.ainvoke({"type": "tool_call", "id": f"c{i}",
+                                               "name": tool.name, "args": args}))
+        return answers
+
+    made, paused, renamed, unknown = asyncio.run(scenario())
+
+    # then each answer is the tool's own, and the log holds one update per change
+    assert json.loads(made.content)["count"] == 3
+    assert (paused.status, json.loads(paused.content)["state"]) == ("success", "paused")
+    renamed_view = json.loads(renamed.content)
+    assert (renamed_view["prompt"], renamed_view["state"]) == ("water the ferns", "paused")
+    assert json.loads(unknown.content) == {"id": "schedule-9", "updated": False,
+                                           "code": "schedule_not_found"}
+    operations = [e.data["operation"] for e in plugin_on.store.read("s1").events]
+    assert operations == ["create", "update", "update"]

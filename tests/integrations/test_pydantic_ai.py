@@ -202,3 +202,35 @@ def test_the_history_is_a_required_keyword_of_a_user_turn() -> None:
     history = inspect.signature(run_user_turn).parameters["history"]
     assert history.kind is inspect.Parameter.KEYWORD_ONLY
     assert history.default is inspect.Parameter.empty
+
+
+def test_with_the_lifecycle_on_the_fourth_tool_runs_through_an_agent(
+        lifecycle_plugin: AsyncSchedulePlugin, plugin: AsyncSchedulePlugin) -> None:
+    # given the tools of a plugin with the lifecycle on (and of one without)
+    plugin_on = lifecycle_plugin
+    tools = schedule_tools(plugin_on)
+    definitions = tool_definitions(lifecycle=True)
+    assert [t.name for t in tools] == [d.name for d in definitions] == [
+        "schedule_create", "schedule_list", "schedule_delete", "schedule_update"]
+    assert [t.name for t in schedule_tools(plugin)] == [
+        "schedule_create", "schedule_list", "schedule_delete"]
+    assert tools[3].function_schema.json_schema == definitions[3].input_schema
+    assert tools[3].sequential is True
+
+    # when a model pauses a reminder and then names an unknown id
+    plugin_on.store.create(SessionHeader(id="s1", createdAt=0))
+    asyncio.run(plugin_on.tools.call("s1", "schedule_create",
+                                     {"prompt": "water", "every_seconds": 600}))
+    model = calls_then_reports(("schedule_update", {"id": "schedule-1", "paused": True}),
+                               ("schedule_update", {"id": "schedule-9", "paused": True}))
+    agent = Agent(model, deps_type=ScheduleDeps, tools=tools)
+    result = asyncio.run(agent.run("pause it", deps=ScheduleDeps("s1")))
+
+    # then both answers are the tool's own, and only the known id was updated
+    [[ok, paused], [outcome, unknown]] = json.loads(result.output)
+    assert ok == "success" and json.loads(paused)["state"] == "paused"
+    assert outcome == "success"
+    assert json.loads(unknown) == {"id": "schedule-9", "updated": False,
+                                   "code": "schedule_not_found"}
+    operations = [e.data["operation"] for e in plugin_on.store.read("s1").events]
+    assert operations == ["create", "update"]

@@ -6,7 +6,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import httpx2
 from agents import FunctionTool
@@ -29,6 +29,11 @@ async def nothing(_context: object, _arguments: str) -> str:
     return ""
 
 
+def offering(*, lifecycle: bool) -> SimpleNamespace:
+    """What the recipe reads of a plugin to build its tools: which variant it offers."""
+    return SimpleNamespace(tools=SimpleNamespace(calendar=False, lifecycle=lifecycle))
+
+
 def test_strict_mode_would_require_every_selector_so_the_recipe_turns_it_off() -> None:
     # given the create schema: prompt plus exactly one selector
     create = tool_definitions()[0]
@@ -42,7 +47,7 @@ def test_strict_mode_would_require_every_selector_so_the_recipe_turns_it_off() -
 
     # then the recipe's tools keep strict mode off and the catalog's schemas as they are
     recipe = load("openai_agents_recipe")
-    tools = recipe.schedule_function_tools(plugin=None)
+    tools = recipe.schedule_function_tools(offering(lifecycle=False))
     assert [t.strict_json_schema for t in tools] == [False, False, False]
     assert [t.params_json_schema for t in tools] == [d.input_schema for d in tool_definitions()]
 
@@ -55,3 +60,22 @@ def test_the_anthropic_recipe_sends_the_catalogs_tools() -> None:
     reply = json.loads(recipe.scripted_model(request).content)
     assert reply["stop_reason"] == "tool_use"
     assert reply["content"][0]["input"] == {"prompt": "stretch", "after_seconds": 2}
+
+
+def test_with_the_lifecycle_on_the_recipes_offer_the_fourth_tool() -> None:
+    # given the catalog's variant with the lifecycle on
+    definitions = tool_definitions(lifecycle=True)
+    assert [d.name for d in definitions][3:] == ["schedule_update"]
+
+    # then the OpenAI recipe's tools are those four, strict mode off
+    tools = load("openai_agents_recipe").schedule_function_tools(offering(lifecycle=True))
+    assert [t.name for t in tools] == [d.name for d in definitions]
+    assert [t.params_json_schema for t in tools] == [d.input_schema for d in definitions]
+    assert {t.strict_json_schema for t in tools} == {False}
+
+    # and the Anthropic recipe's scripted model takes them as it takes the three
+    recipe = load("anthropic_recipe")
+    request = httpx2.Request("POST", "http://model.invalid/v1/messages", json={
+        "model": "m", "tools": anthropic_tools(lifecycle=True),
+        "messages": [{"role": "user", "content": "Remind me in 2 seconds to stretch."}]})
+    assert json.loads(recipe.scripted_model(request).content)["stop_reason"] == "tool_use"

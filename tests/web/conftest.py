@@ -88,6 +88,18 @@ def served(tmp_path: Path) -> Iterator[Served]:
         server.stop()
 
 
+@pytest.fixture
+def served_lifecycle(tmp_path: Path) -> Iterator[Served]:
+    """An embedded console with the lifecycle on (``schedule_update`` offered)."""
+    console = Console(web_settings(tmp_path, lifecycle=True))
+    server = WebServer(console, port=0)
+    server.start()
+    try:
+        yield Served(console, server)
+    finally:
+        server.stop()
+
+
 TOKEN = "test-token-0123456789abcdef"
 
 

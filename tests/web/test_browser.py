@@ -13,7 +13,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from dsh_schedule.shared.core.instant import format_instant, to_ms
 from tests.support import reminder_texts
@@ -304,3 +304,94 @@ def test_the_embedded_operations_page_tells_one_story(
     page.screenshot(path=DOC_IMAGES / "console-operations.png", full_page=True)
     page.goto(served.url)
     page.screenshot(path=DOC_IMAGES / "console-sessions.png", full_page=True)
+
+
+def click_in_row(page: Page, schedule_id: str, label: str, said: str) -> None:
+    """Click a row's button as ``delete_from_the_page`` does (again when a live update
+    replaced the table under the click and nothing happened), until the acknowledgement
+    starts with ``said``."""
+    button = page.locator(f"#reminders tr[data-schedule-id={schedule_id}] button",
+                          has_text=label)
+    for _ in range(3):
+        button.click()
+        try:
+            expect(page.locator("#act-result")).to_contain_text(said, timeout=5000)
+            return
+        except AssertionError:
+            if button.count() == 0:
+                return  # the row changed: the final expectations say how
+
+
+def test_with_the_lifecycle_on_a_reminder_is_edited_paused_and_resumed_from_the_page(
+        served_lifecycle: Served, browser: Browser, artifacts: Path) -> None:
+    served = served_lifecycle
+    served.console.create_session("life", "Europe/Berlin")
+    page = open_page(browser, "Europe/Berlin")
+    page.goto(served.at("/session/life"))
+    # A recurring reminder with an end: three deliveries in all.
+    page.fill("#reminder-prompt", "water the plants")
+    page.fill("#create-reminder input[name=every_seconds]", "600")
+    page.fill("#create-reminder input[name=count]", "3")
+    page.click("#create-reminder button[type=submit]")
+    expect(page.locator("#act-result")).to_contain_text("Set schedule-1")
+    row = page.locator("#reminders tr[data-schedule-id=schedule-1]")
+    expect(row).to_contain_text("0 of 3 delivered")
+    # Pause: the row says paused and offers Resume; resume: scheduled again.
+    click_in_row(page, "schedule-1", "Pause", "Paused schedule-1")
+    expect(row.locator(".state")).to_have_text("paused")
+    click_in_row(page, "schedule-1", "Resume", "Resumed schedule-1")
+    expect(row.locator(".state")).to_have_text("scheduled")
+    # Edit: the row's button fills the form with its id and prompt; a new prompt and
+    # timing are saved under the same id.
+    click_edit = row.locator("button", has_text="Edit")
+    click_edit.click()
+    expect(page.locator("#edit-id")).to_have_value("schedule-1")
+    expect(page.locator("#edit-prompt")).to_have_value("water the plants")
+    page.fill("#edit-prompt", "water the ferns")
+    page.fill("#edit-reminder input[name=every_seconds]", "900")
+    page.click("#edit-reminder button[type=submit]")
+    expect(page.locator("#act-result")).to_contain_text("Updated schedule-1")
+    expect(row).to_contain_text("water the ferns")
+    expect(row).to_contain_text("every 900 s")
+    # An edit that changes nothing is the tool's own error, and writes nothing.
+    page.fill("#edit-prompt", "")
+    page.check("#edit-reminder input[value=keep]")
+    page.click("#edit-reminder button[type=submit]")
+    expect(page.locator("#act-result")).to_contain_text("schedule_update answered invalid_selector")
+    records = [e.data for e in served.console.store.read("life").events
+               if e.type == "schedule/change"]
+    assert [r["operation"] for r in records] == ["create", "update", "update", "update"]
+    assert records[1] == {"version": 2, "operation": "update", "id": "schedule-1",
+                          "paused": True}
+    assert records[3]["prompt"] == "water the ferns"
+    assert records[3]["everySeconds"] == 900
+    page.screenshot(path=artifacts / "session-lifecycle.png", full_page=True)
+
+
+def test_a_rows_button_is_acknowledged_when_a_live_update_replaced_its_row_meanwhile(
+        served: Served, browser: Browser) -> None:
+    # given a reminder, and its Delete post held on its way to the console
+    served.console.create_session("race", "UTC")
+    served.console.prompt("race", "every 5 minutes check the build", None)
+    page = open_page(browser, "UTC")
+    page.goto(served.at("/session/race"))
+    held: list[Route] = []
+    page.route("**/delete/race", lambda route: held.append(route))
+    page.locator("#reminders tr[data-schedule-id=schedule-1] button").click()
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the delete was never posted"
+
+    # when a live update replaces the reminders table (and the form that posted) before
+    # the answer comes
+    page.evaluate("(() => { const r = document.getElementById('reminders');"
+                  " r.innerHTML = r.innerHTML; })()")
+    held[0].continue_()
+
+    # then the tool's answer is still shown beside the forms
+    expect(page.locator("#act-result")).to_have_text("Deleted schedule-1.")
+    operations = [e.data["operation"] for e in served.console.store.read("race").events
+                  if e.type == "schedule/change"]
+    assert operations == ["create", "delete"]

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.web.console import ConsoleError, create_call
+from dsh_schedule.web.console import ConsoleError, create_call, update_call
+from dsh_schedule.web.model import ToolCall
 from tests.support import wait_until
 from tests.web.conftest import ROOT, Served
 
@@ -268,7 +269,8 @@ def test_the_forms_are_refused_from_another_site(served: Served) -> None:
     length = served.console.length("csrf")
     for path, form in (("/create/csrf", {"prompt": "x", "selector": "after_seconds",
                                          "after_seconds": "5"}),
-                       ("/delete/csrf", {"id": "schedule-1"})):
+                       ("/delete/csrf", {"id": "schedule-1"}),
+                       ("/update/csrf", {"id": "schedule-1", "paused": "true"})):
         for headers in ({"Origin": "http://elsewhere.example"},
                         {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
             status, _, _ = call(served.at(path), form, headers)
@@ -333,3 +335,76 @@ def listed(page: str) -> list[tuple[str, str]]:
     """The (session, id) of each row of the sessions page's list across sessions."""
     table = page.split('id="all-reminders"', 1)[1]
     return re.findall(r'<tr data-session="([^"]+)" data-schedule-id="([^"]+)"', table)
+
+
+def test_the_create_form_sends_count_and_until_only_with_the_lifecycle_on() -> None:
+    form = {"prompt": "water", "selector": "every_seconds", "every_seconds": "600",
+            "count": "3", "until": "2099-01-02T17:00", "clientTimeZone": "Europe/Berlin"}
+    assert create_call(form, calendar=False, lifecycle=True).args == {
+        "prompt": "water", "every_seconds": 600, "count": 3,
+        "until": {"date": "2099-01-02", "time": "17:00:00", "time_zone": "Europe/Berlin"}}
+    assert create_call(form, calendar=False).args == {"prompt": "water", "every_seconds": 600}
+    blank = {**form, "count": " ", "until": ""}
+    assert create_call(blank, calendar=False, lifecycle=True).args == {
+        "prompt": "water", "every_seconds": 600}
+
+
+@pytest.mark.parametrize(("form", "args"), [
+    ({"id": "schedule-2", "paused": "true"}, {"id": "schedule-2", "paused": True}),
+    ({"id": "schedule-2", "paused": "false", "selector": "keep"},
+     {"id": "schedule-2", "paused": False}),
+    ({"id": "schedule-2", "prompt": "  ", "selector": "after_seconds", "after_seconds": "90"},
+     {"id": "schedule-2", "after_seconds": 90}),
+    ({"id": "schedule-2", "prompt": "water", "count": "many"},
+     {"id": "schedule-2", "prompt": "water", "count": "many"}),  # the tool judges it
+    ({"id": "schedule-2", "selector": "at", "at": "2099-01-02T17:00:30",
+      "clientTimeZone": "Asia/Shanghai"},
+     {"id": "schedule-2", "at": {"date": "2099-01-02", "time": "17:00:30",
+                                 "time_zone": "Asia/Shanghai"}}),
+    ({"id": ""}, {"id": ""}),  # no change: the tool answers it
+])
+def test_the_edit_form_and_the_pause_buttons_send_only_what_they_change(
+        form: dict[str, str], args: dict[str, Any]) -> None:
+    assert update_call(form, calendar=False) == ToolCall("schedule_update", args)
+
+
+def test_the_edit_form_refuses_what_it_does_not_offer() -> None:
+    with pytest.raises(ConsoleError, match="the selector is one of"):
+        update_call({"id": "schedule-1", "selector": "cron", "cron": "0 9 * * *"},
+                    calendar=False)
+    with pytest.raises(ConsoleError, match="paused is true or false"):
+        update_call({"id": "schedule-1", "paused": "maybe"}, calendar=False)
+
+
+def test_the_update_route_calls_the_tool_with_the_lifecycle_on_and_refuses_it_off(
+        served: Served, served_lifecycle: Served) -> None:
+    # given a recurring reminder in a console with the lifecycle on
+    on = served_lifecycle
+    on.console.create_session("life", "UTC")
+    on.console.prompt("life", "every 5 minutes check the build", None)
+
+    # when its pause button posts, then the tool's resume, then an unknown id
+    answers = []
+    for form in ({"id": "schedule-1", "paused": "true"}, {"id": "schedule-1", "paused": "false"},
+                 {"id": "schedule-9", "paused": "true"}):
+        status, headers, _ = call(on.at("/update/life"), form, {"HX-Request": "true"})
+        assert status == 200
+        answers.append(urllib.parse.unquote(headers["x-acknowledgement"]))
+
+    # then each acknowledgement is the tool's answer in words, one update record each
+    assert answers[0].startswith("Paused schedule-1: “check the build” every 300 s")
+    assert answers[0].endswith(", paused.")
+    assert answers[1].startswith("Resumed schedule-1:")
+    assert answers[2] == "schedule-9 is not an active reminder (schedule_not_found)."
+    records = schedules(on, "life")
+    assert [r["operation"] for r in records] == ["create", "update", "update"]
+    assert records[1] == {"version": 2, "operation": "update", "id": "schedule-1",
+                          "paused": True}
+
+    # and with the lifecycle off the route writes nothing and says why
+    served.console.create_session("plain", "UTC")
+    served.console.prompt("plain", "every 5 minutes check the build", None)
+    length = served.console.length("plain")
+    status, _, body = call(served.at("/update/plain"), {"id": "schedule-1", "paused": "true"})
+    assert status == 400 and "schedule_create, schedule_delete" in body
+    assert served.console.length("plain") == length

@@ -101,3 +101,33 @@ def test_local_text_falls_back_to_utc_for_a_zone_it_cannot_use() -> None:
     assert local_text(NOW, "Asia/Shanghai") == "2026-12-01 17:30:00 Asia/Shanghai"
     assert local_text(NOW, "Mars/Base") == "2026-12-01 09:30:00 UTC"
     assert local_text(NOW, None) == "2026-12-01 09:30:00 UTC"
+
+
+def test_pause_and_resume_are_calls_only_with_the_lifecycle_on() -> None:
+    assert plan("pause schedule-2", now_ms=NOW, zone="UTC", lifecycle=True).calls == (
+        ToolCall("schedule_update", {"id": "schedule-2", "paused": True}),)
+    assert plan("Resume schedule-2", now_ms=NOW, zone="UTC", lifecycle=True).calls == (
+        ToolCall("schedule_update", {"id": "schedule-2", "paused": False}),)
+    off = plan("pause schedule-2", now_ms=NOW, zone="UTC")
+    assert (off.calls, off.reply) == ((), HELP)
+
+
+def test_answers_of_an_update() -> None:
+    view = {"id": "schedule-3", "kind": "every", "prompt": "water", "everySeconds": 600,
+            "scheduledAt": "2026-12-01T09:40:00.000Z", "state": "paused", "count": 3,
+            "deliveredCount": 1, "until": "2026-12-02T09:00:00.000Z"}
+    paused = Answered(call=ToolCall("schedule_update", {"id": "schedule-3", "paused": True}),
+                      is_error=False, value=view)
+    assert answer([paused], zone="UTC") == (
+        "Paused schedule-3: “water” every 600 s, next at 2026-12-01 09:40:00 UTC, 3 times "
+        "(1 delivered), until 2026-12-02 09:00:00 UTC, paused.")
+    resumed = Answered(call=ToolCall("schedule_update", {"id": "schedule-3", "paused": False}),
+                       is_error=False, value={**view, "state": "scheduled"})
+    assert answer([resumed], zone="UTC").startswith("Resumed schedule-3: “water” every 600 s")
+    edited = Answered(call=ToolCall("schedule_update", {"id": "schedule-3", "prompt": "water"}),
+                      is_error=False, value={**view, "state": "scheduled"})
+    assert answer([edited], zone="UTC").startswith("Updated schedule-3: “water”")
+    gone = Answered(call=ToolCall("schedule_update", {"id": "schedule-9", "paused": True}),
+                    is_error=False,
+                    value={"id": "schedule-9", "updated": False, "code": "schedule_not_found"})
+    assert answer([gone], zone=None) == "schedule-9 is not an active reminder (schedule_not_found)."

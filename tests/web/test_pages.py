@@ -92,6 +92,34 @@ def test_active_reminders_and_the_session_summary() -> None:
     assert (after.active, after.last_delivery_ms) == (0, T + 10_250)
 
 
+def test_a_paused_reminder_is_listed_but_not_the_sessions_next_due() -> None:
+    # given an after reminder due in 10 s, and a recurring one with an end, paused
+    paused = log(*[(e.type, e.time, e.data) for e in EVENTS[:9]], (
+        "schedule/change", T, {"version": 2, "operation": "create", "schedule": {
+            "id": "schedule-2", "kind": "every", "prompt": "water", "everySeconds": 300,
+            "scheduledAt": "2026-12-01T12:00:05.000Z", "count": 3}}), (
+        "schedule/change", T, {"version": 2, "operation": "update", "id": "schedule-2",
+                               "paused": True}))
+
+    # when the page and the summary read it before either is due
+    view = pages.session_page(session(paused), fold(paused), None, now_ms=T + 1_000)
+    summary = pages.session_summary(session(paused), fold(paused), None, now_ms=T + 1_000)
+
+    # then both are listed, the paused one with its state and end, and only the other is
+    # the session's next due moment (the earlier target of the paused one is not)
+    assert [row.view["state"] for row in view.reminders] == ["scheduled", "paused"]
+    assert view.reminders[1].view["count"] == 3
+    assert (summary.active, summary.next_due_ms) == (2, T + 10_000)
+    html = template_environment().get_template("_reminders.html").render(
+        page=view, lifecycle=True)
+    assert "0 of 3 delivered" in html
+    assert html.count('class="countdown"') == 1
+    assert 'aria-label="Resume schedule-2"' in html and 'aria-label="Pause schedule-1"' in html
+    plain = template_environment().get_template("_reminders.html").render(
+        page=view, lifecycle=False)
+    assert "/update/" not in plain and "Pause" not in plain
+
+
 def test_the_lateness_histogram() -> None:
     assert pages.deliveries(EVENTS) == [(T + 10_250, 250)]
     found = [(T + i, late) for i, late in enumerate([-5, 50, 99, 100, 700, 3_000, 65_000])]

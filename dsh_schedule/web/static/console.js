@@ -127,41 +127,53 @@
     }
   }
 
-  // The create form and the delete buttons (docs/web.md#acting-from-the-page): the
+  // The create and edit forms, the delete, pause and resume buttons
+  // (docs/web.md#acting-from-the-page): the
   // browser's zone goes with each post; the tool's answer, or the console's refusal, is
   // shown as text beside the form.
   function actions() {
     var result = document.getElementById("act-result");
     var problem = document.getElementById("act-error");
     if (!result || !problem) return;
-    function acting(event) {
-      var form = event.target.closest && event.target.closest("form.act, form.delete");
-      return form || null;
-    }
-    document.addEventListener("htmx:configRequest", function (event) {
-      if (acting(event)) event.detail.parameters.clientTimeZone = browserZone();
-    });
-    document.addEventListener("htmx:afterRequest", function (event) {
-      if (!acting(event) || !event.detail.successful) return;
+    function acknowledged(event) {
+      if (!event.detail.successful) return;
       var said = event.detail.xhr.getResponseHeader("X-Acknowledgement") || "";
       result.textContent = said ? decodeURIComponent(said) : "";
       problem.textContent = "";
-    });
-    document.addEventListener("htmx:responseError", function (event) {
-      if (!acting(event)) return;
+    }
+    function refused(event) {
       result.textContent = "";
       problem.textContent = event.detail.xhr.responseText || "the console refused the form";
-    });
-    var create = document.getElementById("create-reminder");
-    if (create) {
-      // Typing a selector's value picks that selector.
-      create.querySelectorAll("fieldset.selector label").forEach(function (label) {
-        var radio = label.querySelector("input[type=radio]");
-        label.querySelectorAll("input:not([type=radio])").forEach(function (input) {
-          input.addEventListener("focus", function () { radio.checked = true; });
-        });
-      });
     }
+    // The answer is heard on the form itself: a live update may replace a row's form
+    // while its post is on its way, and htmx then tells only the detached form.
+    document.addEventListener("htmx:configRequest", function (event) {
+      var form = event.target.closest &&
+        event.target.closest("form.act, form.delete, form.update");
+      if (!form) return;
+      event.detail.parameters.clientTimeZone = browserZone();
+      if (form.hasAttribute("data-acknowledged")) return;
+      form.setAttribute("data-acknowledged", "");
+      form.addEventListener("htmx:afterRequest", acknowledged);
+      form.addEventListener("htmx:responseError", refused);
+    });
+    // Typing a selector's value picks that selector.
+    document.querySelectorAll("form.act fieldset.selector label").forEach(function (label) {
+      var radio = label.querySelector("input[type=radio]");
+      label.querySelectorAll("input:not([type=radio])").forEach(function (input) {
+        input.addEventListener("focus", function () { radio.checked = true; });
+      });
+    });
+    // A row's Edit button fills the edit form with its id and prompt (as values, not markup).
+    var edit = document.getElementById("edit-reminder");
+    document.addEventListener("click", function (event) {
+      var button = event.target.closest && event.target.closest("button[data-edit-id]");
+      if (!button || !edit) return;
+      edit.querySelector("[name=id]").value = button.getAttribute("data-edit-id");
+      var prompt = edit.querySelector("[name=prompt]");
+      prompt.value = button.getAttribute("data-edit-prompt") || "";
+      prompt.focus();
+    });
   }
 
   document.addEventListener("DOMContentLoaded", function () {
