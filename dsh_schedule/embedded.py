@@ -1,4 +1,4 @@
-"""The whole system in one process (docs/architecture.md#one-in-process-assembly).
+"""The whole system in one process (docs/architecture.md#processes-and-cli).
 
 ``EmbeddedSystem`` is the one place that assembles it: Redis (the embedded one, or the
 client given), the coordination, the session store, a due owner behind an rq
