@@ -110,6 +110,10 @@ class EmbeddedSystem:
             self._host = self._new_host()
         return self._host
 
+    @host.setter
+    def host(self, host: ReferenceHost) -> None:
+        self._host = host
+
     def _new_host(self) -> ReferenceHost:
         return ReferenceHost(self.store, self.coordination, self.settings, clock=self.clock,
                              on_delivery=self._on_delivery)
