@@ -9,9 +9,11 @@ For notebooks, tests and single-process apps::
 
 The host side is the one of a deployment — the same ``SchedulePlugin`` (or its asyncio
 twin), tools, adapters, delivery gate and session logs — and the wakes take the same path:
-the mover pass moves a due wake onto the rq queue, an rq ``SimpleWorker`` (fakeredis
-state is private to a process, so nothing forks) runs it, and the host delivers the
-followup its ready stream names. It is asked for by name only: nothing falls back to it
+the scheduler's own pass moves a due wake onto the rq queue, an rq ``SimpleWorker``
+(fakeredis state is private to a process, so nothing forks) runs it, and the host
+delivers the followup its ready stream names. The parts are those ``EmbeddedSystem``
+(``dsh_schedule.embedded``) assembles for every in-process use; this module runs their
+passes in two threads. It is asked for by name only: nothing falls back to it
 (docs/decisions.md#no-implicit-embedded-redis); a deployment runs Redis, ``dsh-schedule
 worker`` and ``dsh-schedule scheduler`` instead, and no other process sees this Redis.
 
@@ -33,23 +35,16 @@ from types import TracebackType
 from typing import Any, Final
 
 import msgspec
-from rq import Queue
-from rq.timeouts import TimerDeathPenalty
 
-from dsh_schedule import status
+from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.aio import AsyncAgent, AsyncAgentRegistry, AsyncSchedulePlugin
 from dsh_schedule.host.plugin import SchedulePlugin
 from dsh_schedule.host.reference import ReferenceHost
-from dsh_schedule.scheduler.process import Reconciler
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
-from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.connection import connect_embedded
 from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.naming import store_from_settings
 from dsh_schedule.shared.store.port import SessionStore
-from dsh_schedule.worker.due import DueOwner
-from dsh_schedule.worker.process import ScheduleWorker
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +67,6 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         with self._lock:
             self._now_ms += round(seconds * 1000)
-
-
-class _ThreadWorker(ScheduleWorker):
-    """The schedule worker in a thread: the process's signals stay the program's own, and
-    a job's time limit is a timer (rq's own for threads), not SIGALRM."""
-
-    death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        pass
 
 
 class EmbeddedRuntime:
@@ -124,9 +109,10 @@ class EmbeddedRuntime:
             base, sessions=Path(sessions), store=None)
         self.store = store if store is not None else store_from_settings(self.settings)
         self.clock = clock
-        self.client = connect_embedded()
-        self.coordination = Coordination(self.client, self.settings)
-        self._rq_log_level = rq_log_level
+        self.system = EmbeddedSystem(self.store, self.settings, clock=clock, sleep=time.sleep,
+                                     injected_clock=True, rq_log_level=rq_log_level)
+        self.client = self.system.client
+        self.coordination = self.system.coordination
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         # Held by each pass, and by ``advance`` while time jumps and the leases follow it.
@@ -219,16 +205,15 @@ class EmbeddedRuntime:
         """Start the scheduler and worker threads (once)."""
         if self._threads or self._closed:
             return self
-        for name, loop in (("scheduler", self._scheduler_loop),
-                           ("worker", self._worker_loop)):
-            thread = threading.Thread(target=self._run, args=(name, loop),
+        for name, one_pass in (("scheduler", self.system.scheduler_pass),
+                               ("worker", self.system.worker_pass)):
+            thread = threading.Thread(target=self._run, args=(name, one_pass),
                                       name=f"dsh-schedule-{name}", daemon=True)
             self._threads.append(thread)
             thread.start()
         return self
 
-    def _run(self, name: str, loop: Callable[[], Callable[[], None]]) -> None:
-        one_pass = loop()
+    def _run(self, name: str, one_pass: Callable[[], None]) -> None:
         while not self._stop.is_set():
             try:
                 with self._pass_lock:
@@ -240,43 +225,6 @@ class EmbeddedRuntime:
                 self._passes[name] += 1
                 self._passed.notify_all()
             self._stop.wait(PASS_S)
-
-    def _scheduler_loop(self) -> Callable[[], None]:
-        """The scheduler's passes: a rebuild first, then the mover every pass and the
-        reconcile pass every ``reconcile_interval_s``, with the heartbeat ``health``
-        reads."""
-        coord, settings = self.coordination, self.settings
-        reconciler = Reconciler(coord, settings)
-        next_reconcile = 0.0
-        first = True
-
-        def one_pass() -> None:
-            nonlocal next_reconcile, first
-            if time.monotonic() >= next_reconcile:
-                if first:
-                    reconciler.rebuild(now_ms=self.clock())
-                    first = False
-                else:
-                    reconciler.reconcile(now_ms=self.clock())
-                next_reconcile = time.monotonic() + settings.reconcile_interval_s
-            coord.wakes.move_due(self.clock())
-            status.write_heartbeat(self.client, coord.keys, every_s=status.HEARTBEAT_EVERY_S,
-                                   now_ms=wall_clock_ms())
-
-        return one_pass
-
-    def _worker_loop(self) -> Callable[[], None]:
-        """The worker's passes: the queued wakes run by an rq ``SimpleWorker``."""
-        owner = DueOwner(self.store, self.coordination, self.settings, clock=self.clock,
-                         sleep=time.sleep)
-        queue = Queue(self.settings.queue, connection=self.client)
-        worker = _ThreadWorker([queue], connection=self.client, owner=owner)
-
-        def one_pass() -> None:
-            if queue.count:
-                worker.work(burst=True, logging_level=self._rq_log_level)
-
-        return one_pass
 
     def close(self) -> None:
         """Dispose of the plugins and hosts made here, stop and join the threads, close the

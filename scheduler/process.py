@@ -33,6 +33,7 @@ import redis
 
 from dsh_schedule import status
 from dsh_schedule.shared import metrics
+from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.collector import tune_for_service
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import connect
@@ -284,27 +285,37 @@ class SchedulerLoop:
     or refusing for an operational reason) it waits with backoff and rebuilds once Redis
     is back (docs/architecture.md#outages)."""
 
-    def __init__(self, coord: Coordination, settings: Settings) -> None:
+    def __init__(self, coord: Coordination, settings: Settings, *,
+                 clock: Clock | None = None) -> None:
+        """``clock``: the time the passes decide at (default: the shared clock, Redis's;
+        an in-process system on an injected clock passes that one)."""
         self._coord = coord
         self._settings = settings
+        self._clock: Clock = coord.clock if clock is None else clock
         self._outage = Outage(log, "scheduler")
         self._reconciler = Reconciler(coord, settings)
         self._rebuild_next = True
+        self._next_reconcile = 0.0  # monotonic time of the next reconcile: now, a rebuild
         self._next_beat = 0.0  # monotonic time of the next heartbeat refresh
         self._moved = True  # whether the last pass held the mover lock
         self._next_worker_check = 0.0  # monotonic time of the next dead-worker look
         self.stop = threading.Event()
 
+    def one_pass(self) -> None:
+        """One pass of the loop: a rebuild (the first pass) or reconcile when its interval
+        is up, the mover, the look for dead workers and the heartbeat, each when due.
+        ``run`` makes them in turn; an in-process system calls it from its own loop."""
+        if time.monotonic() >= self._next_reconcile:
+            self._reconcile()
+            self._next_reconcile = time.monotonic() + self._settings.reconcile_interval_s
+        self._move()
+        self._recover()
+        self._beat()
+
     def run(self) -> int:
-        next_reconcile = 0.0  # the first pass rebuilds
         while not self.stop.is_set():
             try:
-                if time.monotonic() >= next_reconcile:
-                    self._reconcile()
-                    next_reconcile = time.monotonic() + self._settings.reconcile_interval_s
-                self._move()
-                self._recover()
-                self._beat()
+                self.one_pass()
                 pause_s, exact = self._pause_s()
             except Exception as exc:
                 if is_outage(exc):  # lost, or an error reply saying "not now"
@@ -316,7 +327,7 @@ class SchedulerLoop:
                 continue
             if self._outage.succeeded():
                 # Redis may have lost everything: rebuild now
-                next_reconcile = 0.0
+                self._next_reconcile = 0.0
                 self._rebuild_next = True
             self._wait(pause_s, exact=exact)
         log.info("scheduler stopped")
@@ -361,7 +372,7 @@ class SchedulerLoop:
         next_due = self._coord.wakes.next_due_ms
         if next_due is None:
             return interval, False
-        until_due = (next_due - self._coord.clock()) / 1000
+        until_due = (next_due - self._clock()) / 1000
         if until_due >= interval:
             return interval, False
         return max(MIN_PAUSE_S, until_due), True
@@ -385,7 +396,7 @@ class SchedulerLoop:
         recover_dead_workers(self._coord)
 
     def _reconcile(self) -> None:
-        now_ms = self._coord.clock()
+        now_ms = self._clock()
         if self._rebuild_next:
             report = self._reconciler.rebuild(now_ms=now_ms)
             self._rebuild_next = False
@@ -399,7 +410,7 @@ class SchedulerLoop:
         self._moved = bool(scheduler.acquire_lock())
         if self._moved:
             try:
-                self._coord.wakes.move_due()
+                self._coord.wakes.move_due(self._clock())
             finally:
                 scheduler.remove_lock()
         metrics.get().pass_done("mover", time.time())

@@ -43,7 +43,7 @@ from dsh_schedule.loadtest.process_phases import (
 from dsh_schedule.loadtest.process_runtime import RedisRuntime, with_db
 from dsh_schedule.loadtest.rebuild import measure_rebuild
 from dsh_schedule.loadtest.report import Result, render_table, targets
-from dsh_schedule.loadtest.runtime import EmbeddedRuntime, LoadtestError, Runtime
+from dsh_schedule.loadtest.runtime import InProcessRuntime, LoadtestError, Runtime
 from dsh_schedule.loadtest.stats import Progress, Stopwatch, machine
 from dsh_schedule.shared.settings import Settings
 
@@ -316,7 +316,7 @@ def _runtime(args: argparse.Namespace, plan: Plan, sessions: Path, workers: int)
     settings = Settings.from_env({}, sessions=sessions, prefix=f"dsh-loadtest-{plan.tag}:",
                                  queue=f"dsh-loadtest-{plan.tag}")
     if not args.redis:
-        return EmbeddedRuntime(sessions, settings)
+        return InProcessRuntime(sessions, settings)
     runtime = RedisRuntime(args.redis, sessions, prefix=settings.prefix, queue=settings.queue,
                            workers=workers, logs=sessions.parent / f"{plan.tag}-logs",
                            tags=(plan.tag, plan.tag.encode().hex()))
@@ -327,7 +327,7 @@ def _runtime(args: argparse.Namespace, plan: Plan, sessions: Path, workers: int)
 def _rebuild_phase(args: argparse.Namespace, plan: Plan, sessions: Path, main: Runtime,
                    figures: Figures, progress: Progress) -> None:
     if not args.redis:
-        assert isinstance(main, EmbeddedRuntime)
+        assert isinstance(main, InProcessRuntime)
         figures.rebuild, figures.memory = measure_rebuild(
             main, plan, progress, flush=main.client.flushall, db=None)
         return

@@ -1,7 +1,8 @@
 """Where the load test runs the system: embedded in this process, or real processes.
 
-``EmbeddedRuntime`` steps the whole system in this process on the embedded Redis (the
-mover, one ``SimpleWorker``, the hosts). ``process_runtime.RedisRuntime`` runs real
+``InProcessRuntime`` steps the whole system in this process on the embedded Redis, as
+``EmbeddedSystem`` assembles it (the mover, one ``SimpleWorker``), with the load test's
+hosts. ``process_runtime.RedisRuntime`` runs real
 ``dsh-schedule`` processes against a real Redis. Both serve the phases as a ``Runtime``.
 """
 
@@ -76,7 +77,7 @@ def queue_idle(client: redis.Redis, queue: Queue) -> bool:
         return not any(pipe.execute())
 
 
-class EmbeddedRuntime:
+class InProcessRuntime:
     """The whole system in this process on the embedded Redis, stepped by one loop."""
 
     mode = "embedded"
@@ -95,7 +96,7 @@ class EmbeddedRuntime:
         yield self.settings.queue  # one in-process worker, whatever was asked
 
     def move_due(self) -> int:
-        return self.system.coordination.wakes.move_due()
+        return self.system.move_due()
 
     def start_mover(self) -> None:
         self._mover = True
@@ -116,8 +117,7 @@ class EmbeddedRuntime:
             if mover and now >= next_move:
                 self.move_due()
                 next_move = now + self.settings.mover_interval_s
-            if self.system.queue.count:
-                self.system.worker.work(burst=True, logging_level="WARNING")
+            self.system.worker_pass()
             renew = now >= next_renew  # as ReferenceHost.run does
             for host in hosts:
                 if renew:

@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import redis
-from rq.timeouts import TimerDeathPenalty
 
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.gate import Delivery
@@ -64,7 +63,6 @@ from dsh_schedule.shared.store.naming import is_database_url, store_from_setting
 from dsh_schedule.shared.store.port import SessionExists
 from dsh_schedule.status import Status, read_status, write_heartbeat
 from dsh_schedule.web import model, pages
-from dsh_schedule.worker.process import ScheduleWorker
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +78,6 @@ STATUS_SOCKET_TIMEOUT_S: Final = 2.0
 
 class ConsoleError(Exception):
     """Input the console cannot use; the message is shown to the person."""
-
-
-class _ThreadWorker(ScheduleWorker):
-    """The embedded worker, run from the console's stepping thread. Signals belong to the
-    web server in the main thread (and only the main thread may set them): rq installs no
-    handlers of its own, and a job's time limit is a timer rather than SIGALRM."""
-
-    death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        pass
 
 
 def _session_id_ok(text: str) -> bool:
@@ -122,10 +109,9 @@ class Console:
                 socket_timeout=STATUS_SOCKET_TIMEOUT_S,
             )
         else:
+            # Its worker runs in the stepping thread: signals stay the web server's.
             system = EmbeddedSystem(self.store, settings, clock=clock, sleep=time.sleep,
                                     on_delivery=self._delivered)
-            system.worker = _ThreadWorker([system.queue], connection=system.client,
-                                          owner=system.owner)
             self.system = system
             self.client = self._status_client = system.client
             self.coordination = system.coordination
