@@ -88,7 +88,7 @@ PROCESS_FIGURES: dict[str, tuple[set[str], set[str]]] = {
 }
 CPU_WINDOW = {"seconds", "processes", "total_cores", "cores_per_1000_agents", "commands_per_s",
               "commands_by_type", "redis_cpu_from"}
-TARGETS = 14
+TARGETS = 16
 
 
 @pytest.fixture(scope="module")
