@@ -105,7 +105,8 @@ def test_each_kind_fires_once_in_a_session_never_loaded_and_is_let_go(group: Gro
         "every", {"prompt": "c", "every_seconds": 300}, at_ms=now - 296_000)["scheduledAt"])
     # a calendar rule at the next minute of the hour, then an hour later
     targets["cron"] = parse_instant(group.create(
-        "cron", {"prompt": "d", "cron": f"{(minute + 1) % 60} * * * *"})["scheduledAt"])
+        "cron", {"prompt": "d", "cron": {"expression": f"{(minute + 1) % 60} * * * *",
+                                            "time_zone": "UTC"}})["scheduledAt"])
     assert all(not group.live(kind) for kind in targets)
     # when: the group runs, its host serving every session on demand
     procs = group.procs
@@ -136,8 +137,6 @@ def test_each_kind_fires_once_in_a_session_never_loaded_and_is_let_go(group: Gro
 def test_a_host_killed_with_a_request_outstanding_is_replaced(group: Group) -> None:
     # given: a host, stopped before the reminder of a session it never loaded falls due
     session = group.session("s1")
-    target = parse_instant(group.create(session, {"prompt": "p", "after_seconds": 3})
-                           ["scheduledAt"])
     procs = group.procs
     procs.spawn("scheduler", "scheduler")
     procs.spawn("worker", "worker")
@@ -145,6 +144,8 @@ def test_a_host_killed_with_a_request_outstanding_is_replaced(group: Group) -> N
     assert wait_until(lambda: "rebuilt" in procs.log_tail("host-a", 100), timeout=30), (
         procs.describe())
     procs.send("host-a", signal.SIGSTOP)
+    target = parse_instant(group.create(session, {"prompt": "p", "after_seconds": 1})
+                           ["scheduledAt"])
     # when: the request is announced to the stopped host, which is then killed
     assert wait_until(lambda: "asked" in procs.log_tail("scheduler", 100), timeout=30), (
         procs.describe())
