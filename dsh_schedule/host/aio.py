@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
 import redis
@@ -168,7 +168,7 @@ class AsyncSchedulePlugin:
         async_client: redis.asyncio.Redis | None = None,
         calendar: bool | None = None,
         lifecycle: bool | None = None,
-        on_due_unloaded: Callable[[str], Awaitable[object]] | None = None,
+        on_due_unloaded: Callable[[str], Coroutine[Any, Any, object]] | None = None,
     ) -> None:
         self.sync = SchedulePlugin(
             store=store, coordination=coordination, settings=settings, clock=clock,

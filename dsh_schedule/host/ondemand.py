@@ -112,8 +112,10 @@ class DueLoads:
                     lost = self._generation.lost_data()
                     next_check = time.monotonic() + self._settings.generation_check_s
                     if cursor is None or lost:
-                        cursor = self._timers.newest_request(self.queue)
-                        self.rebuild()
+                        cursor = None
+                if cursor is None:
+                    cursor = self._timers.newest_request(self.queue)
+                    self.rebuild()
                 cursor = self._read(cursor)
             except (redis.RedisError, PersistenceError) as exc:
                 if isinstance(exc, redis.RedisError) and not is_outage(exc):

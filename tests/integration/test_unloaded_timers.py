@@ -177,7 +177,8 @@ def test_a_session_let_go_keeps_its_timer_and_the_mode_off_writes_none(
 def test_the_callback_needs_the_mode(tmp_path: Path, redis_client: redis.Redis,
                                      settings: Settings) -> None:
     with pytest.raises(CompositionError, match="wake_unloaded"):
-        SchedulePlugin(store=JsonlStore(tmp_path), coordination=Coordination(redis_client, settings),
+        SchedulePlugin(store=JsonlStore(tmp_path),
+                       coordination=Coordination(redis_client, settings),
                        settings=settings, on_due_unloaded=lambda session: None)
 
 
