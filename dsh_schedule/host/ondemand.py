@@ -72,6 +72,8 @@ class DueLoads:
         self._thread: threading.Thread | None = None
         self._generation = GenerationMarker(coordination.client, coordination.keys)
         self._claim_ms = int(settings.lease_ttl_s * 1000)
+        # Set once the first rebuild is done and requests are read from here on.
+        self.listening = threading.Event()
 
     @property
     def queue(self) -> str:
@@ -116,6 +118,7 @@ class DueLoads:
                 if cursor is None:
                     cursor = self._timers.newest_request(self.queue)
                     self.rebuild()
+                    self.listening.set()
                 cursor = self._read(cursor)
             except (redis.RedisError, PersistenceError) as exc:
                 if isinstance(exc, redis.RedisError) and not is_outage(exc):

@@ -2,9 +2,10 @@
 -- KEYS[3] the set of queues with timers, KEYS[4] the agent-host hash, KEYS[5] the hosts'
 -- leases (sorted set), KEYS[6] the mover's nudge list. ARGV[1] the queue, ARGV[2] now in
 -- epoch ms, ARGV[3] 'min' (a rebuild from the store's index: a timer is only ever moved
--- earlier, so a stale index makes it early, never late, and a request outstanding keeps
--- its backoff) or 'set' (a transaction's own fold, its lock held: the timer is its next
--- moment, '' none), ARGV[4..] pairs of a session and its moment in epoch ms.
+-- earlier, so a stale index makes it early, never late, and an overdue session whose
+-- request waits out a backoff is asked for again at the next pass) or 'set' (a
+-- transaction's own fold, its lock held: the timer is its next moment, '' none),
+-- ARGV[4..] pairs of a session and its moment in epoch ms.
 -- Sessions a live host serves are left alone: their wake is their timer. Returns how many
 -- timers it wrote.
 
