@@ -21,7 +21,7 @@ import redis
 from dsh_schedule.host.reference import ReferenceHost
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, SessionHeader
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import format_instant, parse_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
@@ -198,3 +198,46 @@ def test_a_callback_that_raises_is_asked_again_and_a_later_load_delivers_once(
         stop.set()
         thread.join(10)
         host.close()
+
+
+def test_a_flush_restores_the_timers_and_a_grown_log_is_delivered(group: Group) -> None:
+    """1 000 unloaded sessions with a reminder a day ahead; one log grew after its index
+    entry (an earlier reminder written with the entry left stale). After a flush the host
+    rebuilds every timer from the index, and the grown one fires from its log."""
+    # given
+    now = group.now()
+    later = format_instant(now + 86_400_000)
+    ids = [f"s{n:04d}" for n in range(1000)]
+    for session_id in ids:
+        group.session(session_id)
+        group.store.append(session_id, [reminder("r1", later, now)], 0)
+    procs = group.procs
+    procs.spawn("scheduler", "scheduler")
+    procs.spawn("worker", "worker")
+    procs.spawn("host", "host", "--all-sessions")
+    assert wait_until(lambda: "rebuilt" in procs.log_tail("host", 100), timeout=30), (
+        procs.describe())
+    queue = group.settings.queue
+    assert group.client.zcard(group.coordination.keys.unloaded(queue)) == 1000
+    grown = ids[500]
+    due_file = group.sessions / ".due" / f"{grown}.due"
+    entry = due_file.read_bytes()
+    target = group.now() + 8_000
+    group.store.append(grown, [reminder("r0", format_instant(target), now)], 1)
+    due_file.write_bytes(entry)
+    # when: Redis loses everything
+    group.client.flushdb()
+    # then: every timer is back, the grown log's at its own moment, and it is delivered
+    assert wait_until(lambda: group.client.zcard(
+        group.coordination.keys.unloaded(queue)) == 1000, timeout=30), procs.describe()
+    assert group.coordination.unloaded.timer(queue, grown) == target
+    assert wait_until(lambda: group.delivered(grown) == 1, timeout=30), procs.describe()
+    times = group.dispatch_times(grown)
+    assert len(times) == 1 and times[0] >= target
+    assert group.coordination.unloaded.timer(queue, ids[0]) == parse_instant(later)
+
+
+def reminder(schedule_id: str, when: str, now_ms: int) -> NewEvent:
+    schedule = {"id": schedule_id, "kind": "at", "prompt": "call back", "scheduledAt": when}
+    return NewEvent(type=SCHEDULE_CHANGE, time=now_ms,
+                    data={"version": 1, "operation": "create", "schedule": schedule})
