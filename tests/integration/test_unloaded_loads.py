@@ -174,3 +174,23 @@ def test_status_shows_unloaded_timers_apart_and_metrics_count_requests(
         assert recorder.registry.get_sample_value("dsh_schedule_load_seconds_count") == 1.0
     finally:
         metrics.disable()
+
+
+def test_a_prompt_loads_a_session_and_an_idle_one_is_let_go_with_its_timer(
+        store: JsonlStore, coord: Coordination, on: Settings,
+        hosts: list[ReferenceHost]) -> None:
+    brief = msgspec.structs.replace(on, unload_after_s=0.2)
+    host = ReferenceHost(store, coord, brief, all_sessions=True)
+    hosts.append(host)
+    # when: a prompt comes for a session the host has not loaded
+    results = host.prompt("s4", "remind me", tool_calls=[
+        ("schedule_create", {"prompt": "p", "after_seconds": 3600})])
+    # then: it is loaded, live, and its wake is its timer
+    assert not results[0].is_error, results[0].content
+    assert "s4" in host.agents and coord.leases.live_agents(now_ms=coord.clock()) == ["s4"]
+    assert coord.unloaded.timer(on.queue, "s4") is None
+    # and once idle it is let go, keeping an unloaded session's timer at its reminder
+    assert wait_until(lambda: host.unload_idle() == ["s4"], timeout=5)
+    assert "s4" not in host.agents and coord.leases.live_agents(now_ms=coord.clock()) == []
+    target = coord.unloaded.timer(on.queue, "s4")
+    assert target is not None and target > coord.clock() + 3_500_000
