@@ -17,7 +17,7 @@ from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.scheduler.process import ask_unloaded
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.settings import Settings, SettingsError
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.adapters.test_store_contract import WHEN, at_create, header, message
 from tests.support import FakeClock
@@ -192,3 +192,29 @@ def test_the_scheduler_logs_one_line_per_request(coord: Coordination, on: Settin
     assert len(lines) == 2
 
 
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"DSH_SCHEDULE_WAKE_UNLOADED": "on"}, {"wake_unloaded": True}),
+    ({"DSH_SCHEDULE_WAKE_UNLOADED": "off"}, {"wake_unloaded": False}),
+    ({"DSH_SCHEDULE_LOAD_CONCURRENCY": "3"}, {"load_concurrency": 3}),
+    ({"DSH_SCHEDULE_LOAD_RETRY": "2", "DSH_SCHEDULE_LOAD_RETRY_MAX": "8"},
+     {"load_retry_s": 2.0, "load_retry_max_s": 8.0}),
+    ({"DSH_SCHEDULE_UNLOAD_AFTER": "60"}, {"unload_after_s": 60.0}),
+    ({}, {"wake_unloaded": False, "load_concurrency": 8, "unload_after_s": 300.0}),
+])
+def test_the_settings_of_the_mode_come_from_the_environment(
+        env: dict[str, str], expected: dict[str, object]) -> None:
+    made = Settings.from_env(env)
+    assert {name: getattr(made, name) for name in expected} == expected
+
+
+@pytest.mark.parametrize("env", [
+    {"DSH_SCHEDULE_WAKE_UNLOADED": "maybe"},
+    {"DSH_SCHEDULE_LOAD_CONCURRENCY": "0"},
+    {"DSH_SCHEDULE_LOAD_CONCURRENCY": "two"},
+    {"DSH_SCHEDULE_UNLOAD_AFTER": "-1"},
+])
+def test_a_malformed_setting_of_the_mode_is_refused(env: dict[str, str]) -> None:
+    with pytest.raises(SettingsError):
+        Settings.from_env(env)
