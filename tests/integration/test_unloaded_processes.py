@@ -241,3 +241,17 @@ def reminder(schedule_id: str, when: str, now_ms: int) -> NewEvent:
     schedule = {"id": schedule_id, "kind": "at", "prompt": "call back", "scheduledAt": when}
     return NewEvent(type=SCHEDULE_CHANGE, time=now_ms,
                     data={"version": 1, "operation": "create", "schedule": schedule})
+
+
+def test_rebuild_writes_the_timers_and_unload_after_needs_all_sessions(group: Group) -> None:
+    later = format_instant(group.now() + 86_400_000)
+    for session_id in ("s1", "s2"):
+        group.session(session_id)
+        group.store.append(session_id, [reminder("r1", later, group.now())], 0)
+    done = group.procs.run("rebuild")
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout)["unloadedTimers"] == 2
+    assert group.coordination.unloaded.timer(group.settings.queue, "s2") == parse_instant(later)
+    refused = group.procs.run("host", "s1", "--unload-after", "5")
+    assert refused.returncode != 0
+    assert "--unload-after needs --all-sessions" in refused.stderr
