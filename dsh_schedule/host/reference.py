@@ -31,7 +31,12 @@ from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
-from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
+from dsh_schedule.shared.core.due import next_wake_ms
+from dsh_schedule.shared.core.errors import (
+    PersistenceError,
+    ScheduleLogError,
+    disk_outage_errno,
+)
 from dsh_schedule.shared.core.events import (
     STEP_END,
     STEP_START,
@@ -132,6 +137,16 @@ class ReferenceHost:
             self.open_root(session_id)
         return True
 
+    def _due_now(self, session_id: str, now_ms: int) -> bool:
+        """Whether something of the session is due and not yet dispatched (its wake is
+        on its way): let go now, it would only be asked for again at once."""
+        try:
+            _session, state = self.store.load(session_id)
+        except (PersistenceError, ScheduleLogError):
+            return False
+        due = next_wake_ms(state, now_ms)
+        return due is not None and due <= now_ms
+
     def unload_idle(self) -> list[str]:
         """Let go of the sessions loaded on demand that were idle ``unload_after_s``; one
         with followups still to deliver, or a turn's end still to append, is kept a while
@@ -141,7 +156,8 @@ class ReferenceHost:
         if not idle:
             return []
         waiting = self.coordination.followups.waiting_many(idle)
-        kept = [s for s, n in zip(idle, waiting, strict=True) if n or s in self._unfinished]
+        kept = [s for s, n in zip(idle, waiting, strict=True)
+                if n or s in self._unfinished or self._due_now(s, now)]
         for session_id in kept:
             self._idle.used(session_id, now)
         going = [s for s in idle if s not in set(kept)]

@@ -38,10 +38,41 @@ def lateness_ms(store: JsonlStore, session: str, target_ms: int) -> int | None:
     return None
 
 
+def burst(store: JsonlStore, coord: Coordination, settings: Settings, procs: Processes,
+          count: int) -> None:
+    """``count`` sessions whose reminders fall due in the same second, created with no
+    host; then the lateness of each message and the host's peak RSS."""
+    at_ms = coord.clock() + 30_000 + count * 10
+    at_ms -= at_ms % 1000
+    tools = ScheduleTools(store, coord, settings, lambda: at_ms - 600_000)
+    started = time.perf_counter()
+    for n in range(count):
+        store.create(SessionHeader(id=f"b{n}", createdAt=coord.clock(), timeZone="UTC"))
+        tools.call(f"b{n}", "schedule_create", {"prompt": "p", "after_seconds": 600})
+    created_s = time.perf_counter() - started
+    late: dict[str, int] = {}
+    deadline = time.monotonic() + 900
+    while len(late) < count and time.monotonic() < deadline:
+        time.sleep(1.0)
+        for n in range(count):
+            if f"b{n}" not in late and (found := lateness_ms(store, f"b{n}", at_ms)) is not None:
+                late[f"b{n}"] = found
+    peak = Path(f"/proc/{procs.procs['host'].pid}/status").read_text()
+    rss = next(line.split()[1] for line in peak.splitlines() if line.startswith("VmHWM"))
+    ordered = sorted(late.values())
+    print(json.dumps({
+        "burst": count, "create_seconds": round(created_s, 1), "delivered": len(late),
+        "p50_ms": ordered[len(ordered) // 2] if ordered else None,
+        "p99_ms": ordered[round(0.99 * (len(ordered) - 1))] if ordered else None,
+        "max_ms": ordered[-1] if ordered else None, "host_peak_rss_kib": int(rss)}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reminders", type=int, default=20)
     parser.add_argument("--after", type=int, default=2, help="seconds to each reminder")
+    parser.add_argument("--burst", type=int, default=0,
+                        help="instead, this many sessions whose reminders fall due at once")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="unloaded-latency-"))
     server = RedisServer(work / "redis").start()
@@ -54,9 +85,13 @@ def main() -> None:
         tools = ScheduleTools(store, coord, settings, coord.clock)
         procs.spawn("scheduler", "scheduler")
         procs.spawn("worker", "worker")
-        procs.spawn("host", "host", "--all-sessions", "--unload-after", "5")
+        procs.spawn("host", "host", "--all-sessions",
+                    *(() if args.burst else ("--unload-after", "5")))
         while "rebuilt" not in procs.log_tail("host", 100):
             time.sleep(0.1)
+        if args.burst:
+            burst(store, coord, settings, procs, args.burst)
+            return
         late: list[int] = []
         for n in range(args.reminders):
             session = f"s{n}"

@@ -21,6 +21,7 @@ from dsh_schedule.scheduler.process import ask_unloaded
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SessionHeader
+from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.support import wait_until
@@ -194,3 +195,18 @@ def test_a_prompt_loads_a_session_and_an_idle_one_is_let_go_with_its_timer(
     assert "s4" not in host.agents and coord.leases.live_agents(now_ms=coord.clock()) == []
     target = coord.unloaded.timer(on.queue, "s4")
     assert target is not None and target > coord.clock() + 3_500_000
+
+
+def test_a_session_whose_reminder_is_due_and_not_yet_dispatched_is_kept(
+        store: JsonlStore, coord: Coordination, on: Settings,
+        hosts: list[ReferenceHost]) -> None:
+    """Letting it go would only have it asked for again at once (no worker runs here)."""
+    brief = msgspec.structs.replace(on, unload_after_s=0.2)
+    host = ReferenceHost(store, coord, brief, all_sessions=True)
+    hosts.append(host)
+    (created,) = host.prompt("s5", "remind me", tool_calls=[
+        ("schedule_create", {"prompt": "p", "after_seconds": 1})])
+    target = parse_instant(msgspec.json.decode(created.content)["scheduledAt"])
+    assert wait_until(lambda: coord.clock() > target, timeout=5)
+    assert not wait_until(lambda: bool(host.unload_idle()), timeout=1.5)
+    assert "s5" in host.agents
