@@ -19,8 +19,9 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from typing import Final
 
 import redis
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 DueUnloaded = Callable[[str], object]
 
 READ_BLOCK_S: Final = 1.0  # the longest one wait for a load request
-SLOT_WAIT_S: Final = 0.5  # how long the reader waits for a free load slot at a time
+LOAD_BATCH: Final = 100  # requests read, and sessions installed together, at a time
 
 
 class DueLoads:
@@ -54,6 +55,7 @@ class DueLoads:
         self, store: SessionStore, coordination: Coordination, settings: Settings, *,
         host: str, clock: Clock, serves: Callable[[str], bool],
         on_due_unloaded: DueUnloaded,
+        installing: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._store = store
         self._coord = coordination
@@ -62,6 +64,7 @@ class DueLoads:
         self._clock = clock
         self._serves = serves
         self._callback = on_due_unloaded
+        self._installing = installing
         self._timers = coordination.unloaded
         self._slots = threading.BoundedSemaphore(settings.load_concurrency)
         self._pool = ThreadPoolExecutor(max_workers=settings.load_concurrency,
@@ -131,33 +134,54 @@ class DueLoads:
             outage.succeeded()
 
     def _read(self, cursor: str) -> str:
-        """Read as many requests as there are free load slots (waiting for one first),
-        and start their loads."""
-        if not self._slots.acquire(timeout=SLOT_WAIT_S):
-            return cursor
-        free = 1
-        while free < self._settings.load_concurrency and self._slots.acquire(blocking=False):
-            free += 1
-        try:
-            cursor, requests = self._timers.read_requests(
-                self.queue, cursor, block_ms=int(READ_BLOCK_S * 1000), count=free)
-        except BaseException:
-            for _ in range(free):
-                self._slots.release()
-            raise
+        """Read up to ``LOAD_BATCH`` requests and load their sessions, at most
+        ``load_concurrency`` at once, as one batch: their leases are written together when
+        the batch ends and their wakes enqueued in shared jobs (``installing``), so a
+        burst is woken in batched due transactions. Then their timers go (their wakes are
+        their timers now)."""
+        cursor, requests = self._timers.read_requests(
+            self.queue, cursor, block_ms=int(READ_BLOCK_S * 1000), count=LOAD_BATCH)
+        fresh: list[LoadRequest] = []
         for request in requests:
             with self._state:
-                again = request.session in self._loading
+                if request.session in self._loading:
+                    continue  # this host is loading it already
                 self._loading.add(request.session)
-            if again:
-                continue  # this host is loading it already
-            free -= 1
-            self._pool.submit(self._answer, request)
-        for _ in range(free):
-            self._slots.release()
+            fresh.append(request)
+        if not fresh:
+            return cursor
+        with self._batch():
+            futures = []
+            for request in fresh:
+                self._slots.acquire()
+                futures.append(self._pool.submit(self._answer, request))
+            outcomes = [future.result() for future in futures]
+        loaded = [r.session for r, outcome in zip(fresh, outcomes, strict=True)
+                  if outcome == "loaded"]
+        self._timers.park(self.queue, dict.fromkeys(loaded))
+        for session in loaded:
+            self._timers.release(session)
         return cursor
 
-    def _answer(self, request: LoadRequest) -> None:
+    @contextmanager
+    def _batch(self) -> Iterator[None]:
+        """``installing`` when given and free (a host opening its sessions holds it)."""
+        if self._installing is None:
+            yield
+            return
+        try:
+            block = self._installing()
+            block.__enter__()
+        except RuntimeError:
+            yield
+            return
+        try:
+            yield
+        finally:
+            block.__exit__(None, None, None)
+
+    def _answer(self, request: LoadRequest) -> str:
+        outcome = "failed"
         try:
             outcome = self._load(request)
             metrics.get().load_request(
@@ -168,6 +192,7 @@ class DueLoads:
             with self._state:
                 self._loading.discard(request.session)
             self._slots.release()
+        return outcome
 
     def _load(self, request: LoadRequest) -> str:
         session = request.session
@@ -177,29 +202,33 @@ class DueLoads:
                                    ttl_ms=self._claim_ms)
         if claim != "claimed":
             return claim
-        try:
-            if not self._store.exists(session):
-                self._timers.park(self.queue, {session: None})
-                log.warning("load request for %s: no such session in the store; its timer "
-                            "is dropped", session)
-                return "declined"
-            try:
-                answer = self._callback(session)
-            except Exception as exc:
-                log.warning("loading %s on request %d failed (%s: %s); it stays overdue "
-                            "and is asked for again", session, request.attempt,
-                            type(exc).__name__, exc)
-                return "failed"
-            if answer is False or not self._serves(session):
-                log.info("loading %s on request %d was declined; it stays overdue and is "
-                         "asked for again", session, request.attempt)
-                return "declined"
-            # Its wake is its timer now.
-            self._timers.park(self.queue, {session: None})
-            log.info("loaded %s on request %d", session, request.attempt)
-            return "loaded"
-        finally:
+        outcome = self._claimed(request)
+        if outcome != "loaded":
             self._timers.release(session)
+        # A loaded session's claim is released once its lease is written (``_read``):
+        # until then another host would find it neither live nor claimed.
+        return outcome
+
+    def _claimed(self, request: LoadRequest) -> str:
+        session = request.session
+        if not self._store.exists(session):
+            self._timers.park(self.queue, {session: None})
+            log.warning("load request for %s: no such session in the store; its timer "
+                        "is dropped", session)
+            return "declined"
+        try:
+            answer = self._callback(session)
+        except Exception as exc:
+            log.warning("loading %s on request %d failed (%s: %s); it stays overdue "
+                        "and is asked for again", session, request.attempt,
+                        type(exc).__name__, exc)
+            return "failed"
+        if answer is False or not self._serves(session):
+            log.info("loading %s on request %d was declined; it stays overdue and is "
+                     "asked for again", session, request.attempt)
+            return "declined"
+        log.info("loaded %s on request %d", session, request.attempt)
+        return "loaded"
 
 
 class IdleSessions:

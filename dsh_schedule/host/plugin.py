@@ -150,7 +150,8 @@ class SchedulePlugin:
         # sessions, answered from ``load`` on (docs/architecture.md#unloaded-sessions).
         self.loads = None if on_due_unloaded is None else DueLoads(
             store, coordination, settings, host=self.bridge.host, clock=clock,
-            serves=self.bridge.serves, on_due_unloaded=on_due_unloaded)
+            serves=self.bridge.serves, installing=self.bridge.installing_many,
+            on_due_unloaded=on_due_unloaded)
 
     def load(self, events: AgentEvents) -> None:
         """Start listening for agents created from now on."""
