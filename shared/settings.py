@@ -100,7 +100,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(_PROMPT_LIMIT_RANGE + f", got {self.max_prompt_bytes!r}")
         if not 1 <= self.max_active <= MAX_ACTIVE_CEILING:
             raise ValueError(_MAX_ACTIVE_RANGE + f", got {self.max_active!r}")
-        return int(text)
         if self.load_concurrency < 1:
             raise ValueError(f"load_concurrency must be a whole number >= 1, "
                              f"got {self.load_concurrency!r}")
