@@ -151,7 +151,15 @@ class LastReconcile(_Camel, frozen=True, kw_only=True, rename="camel"):
     hosts: int | None
 
 
-class Status(_Camel, frozen=True, kw_only=True, rename="camel"):
+class UnloadedStatus(_Camel, frozen=True, kw_only=True, rename="camel"):
+    """One host group's sessions no host has loaded (``Settings.wake_unloaded``)."""
+
+    queue: str
+    timers: int  # sessions with a timer and no live agent
+    load_requests: int  # requests announced and not yet answered by a load
+
+
+class Status(_Camel, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
     prefix: str
     now: str
     live_agents: int
@@ -167,6 +175,8 @@ class Status(_Camel, frozen=True, kw_only=True, rename="camel"):
     scheduler: HeartbeatStatus | None
     last_reconcile: LastReconcile | None
     health: Health
+    # Only with wake_unloaded: the timers of unloaded sessions, apart from live agents.
+    unloaded: tuple[UnloadedStatus, ...] = ()
 
 
 def read_heartbeat(client: redis.Redis, keys: Keys) -> HeartbeatStatus | None:
@@ -399,6 +409,10 @@ def read_status(
         scheduler=heartbeat,
         last_reconcile=read_reconcile(client, keys, now_ms=now_ms),
         health=health,
+        unloaded=tuple(
+            UnloadedStatus(queue=o.queue, timers=o.timers, load_requests=o.requests)
+            for o in coord.unloaded.outstanding()
+        ) if settings.wake_unloaded else (),
     )
 
 
@@ -451,6 +465,10 @@ def render_status(status: Status) -> str:
             f"queue {terminal_text(queue.name)}: {queue.live_agents} live agent(s), "
             f"{queue.queued_jobs} queued job(s){oldest}; workers: {workers}"
         )
+    for group in status.unloaded:
+        lines.append(
+            f"unloaded sessions of {terminal_text(group.queue)}: {group.timers} timer(s), "
+            f"{group.load_requests} load request(s) outstanding")
     verdict = "ok" if status.health.ok else "UNHEALTHY"
     lines.append(f"health: {verdict}: {terminal_text(status.health.reason)}")
     return "\n".join(lines)

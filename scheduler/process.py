@@ -121,7 +121,10 @@ def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
         while batch := [a for a in leases.served_batch(host, CHECK_BATCH + len(busy))
                         if a not in tried][:CHECK_BATCH]:
             tried.update(batch)
-            left = set(coord.forget_agents(batch, lock_wait_s=settings.tool_lock_wait_s))
+            # With wake_unloaded, each keeps a timer at its wake's moment.
+            park = coord.unloaded.park_wakes if settings.wake_unloaded else None
+            left = set(coord.forget_agents(batch, lock_wait_s=settings.tool_lock_wait_s,
+                                           park=park))
             for agent in left:
                 log.info("could not retire %s now; the next pass retries", agent)
             busy |= left
@@ -275,6 +278,21 @@ def recover_dead_workers(coord: Coordination) -> list[str]:
     return woken
 
 
+def ask_unloaded(coord: Coordination, now_ms: int | None = None) -> int:
+    """Announce to their host groups the unloaded sessions whose timers are due
+    (``UnloadedTimers.take_due``): one log line per session and request, each request
+    moving its timer on by a doubling backoff. How many were announced."""
+    announced = coord.unloaded.take_due(coord.clock() if now_ms is None else now_ms)
+    recorder = metrics.get()
+    for request in announced:
+        log.info("session %s is due and no host serves it: asked %s to load it "
+                 "(request %d; asked again in %g s unless it is loaded)",
+                 request.session, request.queue, request.attempt,
+                 request.backoff_ms / 1000)
+        recorder.load_requested()
+    return len(announced)
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -370,6 +388,9 @@ class SchedulerLoop:
         if not self._moved:
             return MIN_PAUSE_S, True
         next_due = self._coord.wakes.next_due_ms
+        if self._settings.wake_unloaded and self._coord.unloaded.next_due_ms is not None:
+            unloaded_due = self._coord.unloaded.next_due_ms
+            next_due = unloaded_due if next_due is None else min(next_due, unloaded_due)
         if next_due is None:
             return interval, False
         until_due = (next_due - self._clock()) / 1000
@@ -411,6 +432,8 @@ class SchedulerLoop:
         if self._moved:
             try:
                 self._coord.wakes.move_due(self._clock())
+                if self._settings.wake_unloaded:
+                    ask_unloaded(self._coord, self._clock())
             finally:
                 scheduler.remove_lock()
         metrics.get().pass_done("mover", time.time())

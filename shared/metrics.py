@@ -96,6 +96,14 @@ class Metrics:
     def followups_pending(self, count: int) -> None:
         """Followup entries in live agents' streams, as the last reconcile pass found them."""
 
+    def load_requested(self) -> None:
+        """The scheduler asked a host group to load an unloaded session whose timer is due."""
+
+    def load_request(self, outcome: str, seconds: float) -> None:
+        """A host answered a load request ``seconds`` after it was announced: ``loaded``,
+        ``declined`` (the callback loaded nothing), ``failed`` (it raised), ``live`` (a
+        live host serves it) or ``taken`` (another host claimed it)."""
+
 
 def lateness_s(now_ms: int, occurrences: Sequence[str]) -> float:
     """Seconds from the earliest of ``occurrences`` (canonical instants) to ``now_ms``,
@@ -169,6 +177,14 @@ class PrometheusMetrics(Metrics):
 
     def followups_pending(self, count: int) -> None:
         self._metric("followups_pending").set(count)
+
+    def load_requested(self) -> None:
+        self._metric("load_requests").inc()
+
+    def load_request(self, outcome: str, seconds: float) -> None:
+        self._metric("load_answers").labels(outcome).inc()
+        if outcome == "loaded":
+            self._metric("load_seconds").observe(seconds)
 
     def clock_skew(self, seconds: float) -> None:
         self._metric("clock_skew").set(seconds)
@@ -267,6 +283,21 @@ def _definitions() -> dict[str, Callable[[CollectorRegistry], Any]]:
             "dsh_schedule_clock_skew_seconds",
             "This process's wall clock minus Redis's clock, at its last measurement; "
             "every decision about time reads Redis's clock.",
+        ),
+        "load_requests": counter(
+            "dsh_schedule_load_requests",
+            "Load requests the scheduler announced for unloaded sessions whose timer fell "
+            "due.", [],
+        ),
+        "load_answers": counter(
+            "dsh_schedule_load_answers",
+            "Load requests a host answered, by outcome (loaded, declined, failed, live, "
+            "taken).", ["outcome"],
+        ),
+        "load_seconds": histogram(
+            "dsh_schedule_load_seconds",
+            "Seconds from a load request's announcement to the session loaded.", [],
+            LATENESS_BUCKETS,
         ),
         "followups_pending": gauge(
             "dsh_schedule_followups_pending",

@@ -80,6 +80,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # what Redis lost of it when something is still overdue
     # (docs/architecture.md#repairing-lost-keys).
     repair_after_s: float = 120.0
+    # Sessions no host has loaded keep a timer, and a host group is asked to load one
+    # whose timer falls due (docs/architecture.md#unloaded-sessions). Off: the specified
+    # session-local delivery, byte for byte.
+    wake_unloaded: bool = False
+    # How many sessions one host loads at once on request.
+    load_concurrency: int = 8
+    # A load request no host answered is announced again after this, doubling each time
+    # up to ``load_retry_max_s``.
+    load_retry_s: float = 10.0
+    load_retry_max_s: float = 600.0
+    # A host serving every session disposes of one idle this long.
+    unload_after_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.store is not None and not _is_database_url(self.store):
@@ -88,6 +100,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(_PROMPT_LIMIT_RANGE + f", got {self.max_prompt_bytes!r}")
         if not 1 <= self.max_active <= MAX_ACTIVE_CEILING:
             raise ValueError(_MAX_ACTIVE_RANGE + f", got {self.max_active!r}")
+        if self.load_concurrency < 1:
+            raise ValueError(f"load_concurrency must be a whole number >= 1, "
+                             f"got {self.load_concurrency!r}")
         if self.sweep_period_s > MAX_SWEEP_PERIOD_S:
             raise ValueError(
                 f"sweep_period_s must be at most {MAX_SWEEP_PERIOD_S:g} seconds, "
@@ -187,7 +202,7 @@ def _typed(field: str, value: object) -> object:
         if not (text.isdigit() and 1 <= int(text) <= 65535):
             raise ValueError(f"metrics_port must be a TCP port from 1 to 65535, got {value!r}")
         return int(text)
-    if field in ("syncfs", "calendar", "lifecycle"):
+    if field in ("syncfs", "calendar", "lifecycle", "wake_unloaded"):
         if isinstance(value, bool):
             return value
         word = str(value).strip().lower()
@@ -203,6 +218,11 @@ def _typed(field: str, value: object) -> object:
         text = str(value).strip()
         if not (text.isascii() and text.isdigit()):
             raise ValueError(_MAX_ACTIVE_RANGE + f", got {value!r}")
+        return int(text)
+    if field == "load_concurrency":
+        text = str(value).strip()
+        if not (text.isascii() and text.isdigit() and int(text) >= 1):
+            raise ValueError(f"load_concurrency must be a whole number >= 1, got {value!r}")
         return int(text)
     if field == "cache_mb":
         text = str(value).strip()

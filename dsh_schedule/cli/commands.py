@@ -207,7 +207,14 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
     coordination = Coordination(connect(url), settings)
     report = rebuild(coordination, settings, now_ms=coordination.clock())
-    dump({"woken": list(report.woken), "retired": list(report.retired)})
+    shown: dict[str, object] = {"woken": list(report.woken), "retired": list(report.retired)}
+    if settings.wake_unloaded:
+        from dsh_schedule.shared.store.naming import store_from_settings
+
+        # The timers of unloaded sessions, from the store's index of next due moments.
+        shown["unloadedTimers"] = coordination.unloaded.rebuild(
+            store_from_settings(settings), settings.queue, now_ms=coordination.clock())
+    dump(shown)
     note = rebuild_note(report, settings)
     if note is not None:
         print(note, file=sys.stderr)
@@ -217,13 +224,22 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 def cmd_host(args: argparse.Namespace) -> int:
     stop_while_starting()
     settings = settings_of(args)
+    if args.all_sessions:
+        import msgspec
+
+        # Serving every session on demand is the unloaded-sessions mode.
+        settings = msgspec.structs.replace(
+            settings, wake_unloaded=True,
+            unload_after_s=args.unload_after or settings.unload_after_s)
+    elif args.unload_after is not None:
+        raise CommandError("host: --unload-after needs --all-sessions")
     url = require_redis(settings, "host")
     from dsh_schedule.shared.store.naming import store_from_settings
 
     store = store_from_settings(settings)
     sessions = list(dict.fromkeys([*args.sessions_to_host, *args.sessions_file]))
-    if not sessions:
-        raise CommandError("host: name a SESSION or a --sessions-file")
+    if not sessions and not args.all_sessions:
+        raise CommandError("host: name a SESSION, a --sessions-file or --all-sessions")
     _require_sessions(store, sessions, settings.store_shown)
     serve_metrics(settings, "host")
     await_redis(url, args.redis_wait, verbose=args.verbose)
@@ -244,7 +260,8 @@ def cmd_host(args: argparse.Namespace) -> int:
             output_closed.append(exc)
             stop.set()
 
-    host = ReferenceHost(store, coordination, settings, on_delivery=delivered)
+    host = ReferenceHost(store, coordination, settings, on_delivery=delivered,
+                         all_sessions=args.all_sessions)
     host.open_roots(sessions)
     from dsh_schedule.shared.collector import tune_for_service
 

@@ -289,6 +289,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("--sessions-file", type=_sessions_file_arg, default=[], metavar="FILE",
                    help="also serve the sessions listed in FILE, one id a line (no command "
                    "line limit: docs/architecture.md#leases; default: none)")
+    p.add_argument("--all-sessions", action="store_true",
+                   help="serve every session of the store on demand: load one when its "
+                   "reminder falls due, let it go when idle (turns wake_unloaded on; "
+                   "docs/architecture.md#unloaded-sessions)")
+    p.add_argument("--unload-after", type=_seconds_arg, default=None, metavar="SECONDS",
+                   help="with --all-sessions, let a session go after this many idle "
+                   "seconds (default: DSH_SCHEDULE_UNLOAD_AFTER, else 300)")
     p.set_defaults(func=cmd_host)
 
     p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
@@ -389,6 +396,16 @@ def _run(argv: Sequence[str] | None) -> int:
         print(f"dsh-schedule: {exc}", file=sys.stderr)
         return 1
     return result
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _sessions_file_arg(path: str) -> list[str]:

@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol
 
 import redis
@@ -44,6 +44,7 @@ from dsh_schedule.host.aiobridge import AsyncScheduleTools as AsyncScheduleTools
 from dsh_schedule.host.aiobridge import settle
 from dsh_schedule.host.bridge import TurnBusy
 from dsh_schedule.host.gate import Delivery
+from dsh_schedule.host.ondemand import DueLoads
 from dsh_schedule.host.plugin import (
     AgentHandle,
     AgentWithTools,
@@ -167,6 +168,7 @@ class AsyncSchedulePlugin:
         async_client: redis.asyncio.Redis | None = None,
         calendar: bool | None = None,
         lifecycle: bool | None = None,
+        on_due_unloaded: Callable[[str], Coroutine[Any, Any, object]] | None = None,
     ) -> None:
         self.sync = SchedulePlugin(
             store=store, coordination=coordination, settings=settings, clock=clock,
@@ -174,6 +176,18 @@ class AsyncSchedulePlugin:
         )
         if store is None or coordination is None or settings is None:  # raised above
             raise CompositionError("the Schedule plugin needs its services")
+        if on_due_unloaded is not None and not settings.wake_unloaded:
+            raise CompositionError("on_due_unloaded needs wake_unloaded on "
+                                   "(DSH_SCHEDULE_WAKE_UNLOADED=on)")
+        # The load requests, answered by awaiting ``on_due_unloaded`` on the loop that
+        # called ``load`` (docs/architecture.md#unloaded-sessions).
+        self._on_due_unloaded = on_due_unloaded
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loads = None if on_due_unloaded is None else DueLoads(
+            store, coordination, settings, host=self.sync.bridge.host,
+            clock=coordination.clock if clock is None else clock,
+            serves=self.sync.bridge.serves, installing=self.sync.bridge.installing_many,
+            on_due_unloaded=self._load_on_loop)
         self.settings = settings
         self.coordination = coordination
         self.store = store
@@ -198,8 +212,22 @@ class AsyncSchedulePlugin:
 
     def load(self, events: AsyncAgentEvents) -> None:
         """Start listening for agents created from now on (earlier ones, and children,
-        never receive Schedule)."""
+        never receive Schedule). With ``on_due_unloaded``, call it on the event loop
+        that is to run the callback."""
         self._unsubscribe = events.on_agent_created(self._on_agent_created)
+        if self.loads is not None:
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise CompositionError("with on_due_unloaded, load the plugin from within "
+                                       "its event loop") from None
+            self.loads.start()
+
+    def _load_on_loop(self, session_id: str) -> object:
+        """``on_due_unloaded`` awaited on the plugin's loop, from a load thread."""
+        assert self._loop is not None and self._on_due_unloaded is not None
+        return asyncio.run_coroutine_threadsafe(
+            self._on_due_unloaded(session_id), self._loop).result()
 
     async def _on_agent_created(self, agent: AsyncAgentHandle) -> None:
         if not agent.is_root:
@@ -235,6 +263,8 @@ class AsyncSchedulePlugin:
     async def dispose(self) -> None:
         """Stop listening, forget every installed agent in Redis (logs untouched), and
         close the async client this plugin made."""
+        if self.loads is not None:
+            await settle(self.loads.stop)
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None

@@ -46,6 +46,7 @@ from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.coordination.phase import Release
+from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
@@ -114,6 +115,11 @@ class HostBridge:
     def host(self) -> str:
         """This host's name in the hosts ZSET: its consumer name."""
         return self.consumer
+
+    def serves(self, agent: str) -> bool:
+        """Whether this host serves the agent now."""
+        with self._state:
+            return agent in self._served
 
     @property
     def served(self) -> list[str]:
@@ -341,11 +347,31 @@ class HostBridge:
         with self._state:
             for agent in agents:
                 self._unserve(agent)
-        left = self._coord.forget_agents(agents, lock_wait_s=self._settings.tool_lock_wait_s)
+        park = self._park if self._settings.wake_unloaded else None
+        left = self._coord.forget_agents(agents, lock_wait_s=self._settings.tool_lock_wait_s,
+                                         park=park)
         if left:
             self._coord.leases.install(f"{self.host}:disposed", left, self.queue,
                                        now_ms=self._clock() - 1, ttl_s=0)
         return left
+
+    def _park(self, agents: Sequence[str]) -> None:
+        """Give each agent being disposed of (its lock held) the timer of an unloaded
+        session (``Settings.wake_unloaded``): its next wake from its fold, now while a
+        dispatch of it is undelivered; from its wake when its log cannot be read."""
+        now = self._clock()
+        moments: dict[str, int | None] = {}
+        unread: list[str] = []
+        for agent in agents:
+            try:
+                session, state = self._store.load(agent)
+            except (PersistenceError, ScheduleLogError):
+                unread.append(agent)
+                continue
+            pending = session.ledger is not None and bool(session.ledger.pending)
+            moments[agent] = now if pending else next_wake_ms(state, now)
+        self._coord.unloaded.park(self.queue, moments)
+        self._coord.unloaded.park_wakes(unread)
 
     # -- which agents to look at ------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Final, Generic, Protocol, TypeVar
 
@@ -19,6 +19,7 @@ import redis
 
 from dsh_schedule import status
 from dsh_schedule.host.bridge import HostBridge
+from dsh_schedule.host.ondemand import DueLoads, DueUnloaded
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
@@ -95,6 +96,10 @@ class SchedulePlugin:
 
     A host renews the leases with ``renew_leases`` and learns which agents have followups
     from ``bridge.ready`` (pushed; docs/architecture.md#hosts-followups-and-rebuild).
+    ``on_due_unloaded(session_id)`` (with ``Settings.wake_unloaded``) loads a session of
+    this host group that no host serves when its timer falls due: it creates the session's
+    root agent (which installs Schedule); returning ``False`` or raising declines, and
+    the host group is asked again after a backoff.
     ``calendar`` offers calendar rules (``schedule_create`` with ``cron``,
     docs/decisions.md#calendar-rules); None takes ``settings.calendar`` (off by default).
     ``lifecycle`` offers ``schedule_update``, the end conditions and the cap per session
@@ -114,6 +119,7 @@ class SchedulePlugin:
         consumer: str | None = None,
         calendar: bool | None = None,
         lifecycle: bool | None = None,
+        on_due_unloaded: DueUnloaded | None = None,
     ) -> None:
         if store is None:
             raise CompositionError("the Schedule plugin needs a session store")
@@ -121,6 +127,9 @@ class SchedulePlugin:
             raise CompositionError("the Schedule plugin needs a Redis connection")
         if settings is None:
             raise CompositionError("the Schedule plugin needs its settings")
+        if on_due_unloaded is not None and not settings.wake_unloaded:
+            raise CompositionError("on_due_unloaded needs wake_unloaded on "
+                                   "(DSH_SCHEDULE_WAKE_UNLOADED=on)")
         self.settings = settings
         self._coord = coordination
         # Redis's clock, which every process shares, unless a clock is injected.
@@ -137,10 +146,18 @@ class SchedulePlugin:
         # One set of definitions for every agent: a fresh copy each cost a host 55 KB per
         # agent (5 GB at 100,000 agents). A host must copy one before changing it.
         self._definitions = tool_definitions(self.tools.calendar, self.tools.lifecycle)
+        # With ``on_due_unloaded``: the load requests for this host group's unloaded
+        # sessions, answered from ``load`` on (docs/architecture.md#unloaded-sessions).
+        self.loads = None if on_due_unloaded is None else DueLoads(
+            store, coordination, settings, host=self.bridge.host, clock=clock,
+            serves=self.bridge.serves, installing=self.bridge.installing_many,
+            on_due_unloaded=on_due_unloaded)
 
     def load(self, events: AgentEvents) -> None:
         """Start listening for agents created from now on."""
         self._unsubscribe = events.on_agent_created(self._on_agent_created)
+        if self.loads is not None:
+            self.loads.start()
 
     def _on_agent_created(self, agent: AgentHandle) -> None:
         if not agent.is_root:
@@ -188,8 +205,19 @@ class SchedulePlugin:
             metrics.get().redis_error()
             return status.Health(ok=False, reason=f"Redis unavailable ({type(exc).__name__})")
 
+    def unload(self, agents: Sequence[str]) -> list[str]:
+        """Stop serving these agents and forget them in Redis (logs untouched); with
+        ``wake_unloaded`` each keeps the timer of an unloaded session. Returns the agents
+        whose lock stayed busy (their lease is left to expire)."""
+        left: list[str] = []
+        for start in range(0, len(agents), DISPOSE_BATCH):
+            left.extend(self.bridge.dispose_many(agents[start:start + DISPOSE_BATCH]))
+        return left
+
     def dispose(self) -> None:
         """Stop listening and forget every installed agent in Redis; logs are untouched."""
+        if self.loads is not None:
+            self.loads.stop()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None

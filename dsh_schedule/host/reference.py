@@ -25,12 +25,18 @@ import redis
 
 from dsh_schedule.host.bridge import TurnBusy
 from dsh_schedule.host.gate import Delivery
+from dsh_schedule.host.ondemand import IdleSessions
 from dsh_schedule.host.plugin import AgentHandle, AgentWithTools, SchedulePlugin, ToolHandler
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
-from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
+from dsh_schedule.shared.core.due import next_wake_ms
+from dsh_schedule.shared.core.errors import (
+    PersistenceError,
+    ScheduleLogError,
+    disk_outage_errno,
+)
 from dsh_schedule.shared.core.events import (
     STEP_END,
     STEP_START,
@@ -89,19 +95,25 @@ class ReferenceHost:
         clock: Clock | None = None,
         on_delivery: Callable[[str, Delivery], None] | None = None,
         consumer: str | None = None,
+        all_sessions: bool = False,
     ) -> None:
         """``consumer`` names this host in the followup streams' consumer group (default:
         a fresh random name); a host restarted under its old name takes back, at once,
-        the entries it had read and not acknowledged."""
+        the entries it had read and not acknowledged. ``all_sessions`` (with
+        ``settings.wake_unloaded``) serves every session of the store on demand: one is
+        loaded when its timer falls due or a prompt comes, and let go after
+        ``settings.unload_after_s`` idle."""
         self.store = store
         self.coordination = coordination
         self.settings = settings
         # Redis's clock, which every process shares, unless a clock is injected.
         self.clock = clock = coordination.clock if clock is None else clock
         self.registry = AgentRegistry()
+        self.all_sessions = all_sessions
+        self._idle = IdleSessions(int(settings.unload_after_s * 1000))
         self.plugin = SchedulePlugin(
             store=store, coordination=coordination, settings=settings, clock=clock,
-            consumer=consumer,
+            consumer=consumer, on_due_unloaded=self._load_due if all_sessions else None,
         )
         self.plugin.load(self.registry)
         self.agents: dict[str, Agent] = {}
@@ -114,8 +126,49 @@ class ReferenceHost:
         """Create the root agent of an existing session; the plugin installs on it."""
         agent = Agent(session_id)
         self.agents[session_id] = agent
+        if self.all_sessions:
+            self._idle.used(session_id, self.clock())
         self.registry.publish(agent)
         return agent
+
+    def _load_due(self, session_id: str) -> bool:
+        """``on_due_unloaded``: load a session whose timer fell due (a load request)."""
+        if session_id not in self.agents:
+            self.open_root(session_id)
+        return True
+
+    def _due_now(self, session_id: str, now_ms: int) -> bool:
+        """Whether something of the session is due and not yet dispatched (its wake is
+        on its way): let go now, it would only be asked for again at once."""
+        try:
+            _session, state = self.store.load(session_id)
+        except (PersistenceError, ScheduleLogError):
+            return False
+        due = next_wake_ms(state, now_ms)
+        return due is not None and due <= now_ms
+
+    def unload_idle(self) -> list[str]:
+        """Let go of the sessions loaded on demand that were idle ``unload_after_s``; one
+        with followups still to deliver, or a turn's end still to append, is kept a while
+        longer. Each keeps the timer of an unloaded session. Returns those let go."""
+        now = self.clock()
+        idle = [s for s in self._idle.idle(now) if s in self.agents]
+        if not idle:
+            return []
+        waiting = self.coordination.followups.waiting_many(idle)
+        kept = [s for s, n in zip(idle, waiting, strict=True)
+                if n or s in self._unfinished or self._due_now(s, now)]
+        for session_id in kept:
+            self._idle.used(session_id, now)
+        going = [s for s in idle if s not in set(kept)]
+        left = set(self.plugin.unload(going))
+        for session_id in going:
+            self.agents.pop(session_id, None)
+            if session_id in left:
+                log.warning("could not let %s go cleanly: its lock stayed busy", session_id)
+        if going:
+            log.info("let %d idle session(s) go", len(going))
+        return going
 
     def open_roots(self, session_ids: Sequence[str]) -> list[Agent]:
         """``open_root`` for many sessions; the wakes their new leases need are enqueued
@@ -136,7 +189,12 @@ class ReferenceHost:
     ) -> list[ToolResult]:
         """One user turn whose scripted model makes ``tool_calls`` and then answers. A
         store failure once the turn is open raises, and its end is appended before
-        anything else this host does in the session."""
+        anything else this host does in the session. Serving every session, a session
+        not loaded is loaded first."""
+        if self.all_sessions:
+            if session_id not in self.agents:
+                self.open_root(session_id)
+            self._idle.used(session_id, self.clock())
         agent = self.agents[session_id]
         source: dict[str, Any] = {"kind": "user", "rpcId": f"rpc-{self.clock()}"}
         if client_time_zone is not None:
@@ -184,12 +242,17 @@ class ReferenceHost:
             wrote = session_id in self._unfinished
             failure = self._finish_unfinished(session_id)
             while failure is None and (delivery := bridge.deliver_next(session_id)):
+                self._used(session_id)
                 delivered.append(delivery)
                 if self._on_delivery is not None:
                     self._on_delivery(session_id, delivery)
                 failure = self._finish(session_id, delivery)
         self._wrote({session_id: failure} if failure else {}, wrote=wrote or bool(delivered))
         return delivered
+
+    def _used(self, session_id: str) -> None:
+        if self.all_sessions:
+            self._idle.used(session_id, self.clock())
 
     def serve(self, timeout_s: float = 0.0) -> list[tuple[str, Delivery]]:
         """One round of pushed delivery: wait up to ``timeout_s`` for the agents the bridge
@@ -261,6 +324,7 @@ class ReferenceHost:
             bridge.later(found.failed, self.settings.followup_stale_s)
             failures: dict[str, PersistenceError] = dict(found.unwritable)
             for session_id, delivery in found.delivered.items():
+                self._used(session_id)
                 delivered.append((session_id, delivery))
                 if self._on_delivery is not None:
                     self._on_delivery(session_id, delivery)
@@ -330,6 +394,8 @@ class ReferenceHost:
             try:
                 if self.clock() >= next_check_ms:
                     self.plugin.check_redis()
+                    if self.all_sessions:
+                        self.unload_idle()
                     next_check_ms = self.clock() + int(
                         self.settings.generation_check_s * 1000)
                 if self.clock() >= next_renew_ms:

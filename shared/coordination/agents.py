@@ -7,7 +7,7 @@ the transactions receive it beside their ``Settings``, which it does not hand ou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -17,9 +17,11 @@ from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
 from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock
 from dsh_schedule.shared.coordination.phase import AgentPhase
+from dsh_schedule.shared.coordination.unloaded import UnloadedTimers
 from dsh_schedule.shared.coordination.wake import Projection as Projection
 from dsh_schedule.shared.coordination.wake import WakeProjection
 from dsh_schedule.shared.coordination.workers import WorkerLiveness
+from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.settings import Settings
 
@@ -43,6 +45,9 @@ class Coordination:
                                     followups=self.followups,
                                     followup_stale_ms=self.followup_stale_ms,
                                     clock=self.clock)
+        # Timers of the sessions no host has loaded (``Settings.wake_unloaded``).
+        self.unloaded = UnloadedTimers(client, self.keys, settings)
+        self._unloaded_queue = settings.queue if settings.wake_unloaded else None
 
     def rearm(
         self, agent: str, state: FoldState, now_ms: int, *, release: HeldLock | None = None
@@ -59,7 +64,14 @@ class Coordination:
         release: HeldLock | None = None,
     ) -> list[str | None]:
         """``rearm`` for many agents (``WakeProjection.rearm_many``); hold every agent's
-        lock. Each agent's current wake id (None: not live, or nothing to wake for)."""
+        lock. Each agent's current wake id (None: not live, or nothing to wake for).
+
+        With ``wake_unloaded``, a session no host serves gets the timer of an unloaded
+        session at its next decision time instead, written while its lock is held."""
+        if self._unloaded_queue is not None and folds:
+            self.unloaded.offer(self._unloaded_queue,
+                                {agent: next_wake_ms(state, now_ms) for agent, state in folds},
+                                now_ms=now_ms)
         return self.wakes.rearm_many(folds, now_ms, release=release)
 
     def trigger_many(self, agents: Sequence[str]) -> int:
@@ -95,13 +107,26 @@ class Coordination:
         with self.locks.hold(agent, wait_s=lock_wait_s):
             self._forget_held([agent])
 
-    def forget_agents(self, agents: Sequence[str], *, lock_wait_s: float) -> list[str]:
+    def forget_agents(
+        self, agents: Sequence[str], *, lock_wait_s: float,
+        park: Callable[[Sequence[str]], object] | None = None,
+    ) -> list[str]:
         """``forget_agent`` for many agents: the free locks taken together, and what Redis
         holds for those agents dropped in a few round trips whatever their number (the
         caller bounds the batch). An agent whose lock is busy (a transaction in flight) is
         then forgotten alone, waiting for its lock. Returns the agents whose lock stayed
-        busy: nothing of theirs was dropped."""
-        return self.locks.each_held(agents, self._forget_held, wait_s=lock_wait_s)
+        busy: nothing of theirs was dropped. ``park`` runs first under the same locks
+        (the timers of unloaded sessions, ``UnloadedTimers.park``)."""
+        if park is None:
+            return self.locks.each_held(agents, self._forget_held, wait_s=lock_wait_s)
+
+        def park_and_forget(held: Sequence[str]) -> None:
+            # Parked before the leases go: the scheduler's pass never finds one of them
+            # unloaded without its timer (a timer of a live, locked session waits).
+            park(held)
+            self._forget_held(held)
+
+        return self.locks.each_held(agents, park_and_forget, wait_s=lock_wait_s)
 
     def _forget_held(self, agents: Sequence[str]) -> None:
         self.wakes.cancel_many(agents)

@@ -132,3 +132,27 @@ class Keys:
         """HASH process name -> its last clock-skew report, while its wall clock is off
         Redis's by more than the bound (``coordination.clock``)."""
         return f"{self.prefix}clock-skew"
+
+    # -- timers of sessions no host has loaded (docs/architecture.md#unloaded-sessions) --
+
+    def unloaded(self, queue: str) -> str:
+        """ZSET session -> the epoch ms its timer falls due, for the sessions of one host
+        group (a queue) that no host serves: what the scheduler's pass reads."""
+        return f"{self.prefix}unloaded:{queue}"
+
+    def unloaded_queues(self) -> str:
+        """SET of the queues whose ``unloaded`` ZSET may hold a timer."""
+        return f"{self.prefix}unloaded-queues"
+
+    def load_attempts(self, queue: str) -> str:
+        """HASH session -> how many load requests were announced since its timer was
+        written: a field is a request outstanding."""
+        return f"{self.prefix}load-attempts:{queue}"
+
+    def load_requests(self, queue: str) -> str:
+        """STREAM of load requests (field ``session``, ``attempt``) to one host group."""
+        return f"{self.prefix}load-requests:{queue}"
+
+    def loading(self, session: str) -> str:
+        """STRING with a TTL: the host that claimed the load of ``session``."""
+        return f"{self.prefix}loading:{session}"

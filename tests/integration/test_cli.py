@@ -284,7 +284,8 @@ def test_a_host_takes_its_sessions_from_a_file_one_id_a_line(
     listed.write_text("s\nnobody\n\nghost\n", encoding="utf-8")
     line = one_line_error(cli("host", "--sessions-file", str(listed), env=env))
     assert "2 session(s) do not exist" in line and "'nobody', 'ghost'" in line
-    assert "name a SESSION or a --sessions-file" in one_line_error(cli("host", env=env))
+    assert "name a SESSION, a --sessions-file or --all-sessions" in one_line_error(
+        cli("host", env=env))
 
 
 def test_call_runs_every_catalog_tool(session_dir: dict[str, str]) -> None:
