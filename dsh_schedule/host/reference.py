@@ -30,7 +30,7 @@ from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
-from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
+from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno, outage_said
 from dsh_schedule.shared.core.events import (
     STEP_END,
     STEP_START,
@@ -269,7 +269,8 @@ class ReferenceHost:
             finished = [agent for agent in found.delivered if agent not in failures]
             for session_id, exc in flush_each(self.store, finished).items():
                 # The turn is appended; the next flush of the session confirms it.
-                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+                log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
+                        "flush after the turn of %s failed: %s", session_id, exc.reason)
             self._wrote(failures, wrote=bool(found.delivered))
             pending = [agent for agent in found.again if agent not in failures]
         return alone
@@ -379,7 +380,8 @@ class ReferenceHost:
                 self.store.flush(session_id)
             except PersistenceError as exc:
                 # The turn is appended; the next flush of the session confirms it.
-                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+                log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
+                        "flush after the turn of %s failed: %s", session_id, exc.reason)
         return None
 
     def _wrote(self, failures: dict[str, PersistenceError], *, wrote: bool) -> None:
