@@ -1,5 +1,6 @@
 # One image for every process: worker, scheduler, the reference host, the web console
-# (the `web` extra) and the one-shot commands (session, call, rebuild, health, status).
+# (the `web` extra), the PostgreSQL session store (the `postgres` extra) and the one-shot
+# commands (session, call, rebuild, health, status).
 # Build from the repository root:
 #
 #     docker build -t dsh-tool-schedule .
@@ -21,7 +22,7 @@ RUN set -eu; \
     for file in requirements.lock constraints.txt; do \
         if [ -f "$file" ]; then constraints="$constraints --constraint $file"; fi; \
     done; \
-    /opt/dsh-schedule/venv/bin/pip install $constraints ".[web]" ; \
+    /opt/dsh-schedule/venv/bin/pip install $constraints ".[web,postgres]" ; \
     /opt/dsh-schedule/venv/bin/dsh-schedule --version ; \
     /opt/dsh-schedule/venv/bin/python -c "import dsh_schedule.web.server"
 

@@ -34,7 +34,12 @@ from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
-from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.errors import (
+    FenceConflict,
+    PersistenceError,
+    ScheduleLogError,
+    outage_said,
+)
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.framing import FramingError
@@ -311,7 +316,7 @@ class DueOwner:
                 raise flush_failure
             wake.session, wake.state = self._store.load(agent)
         except PersistenceError as exc:
-            log.warning("due preflight for %s failed: %s", agent, exc.reason)
+            log.log(_level(exc), "due preflight for %s failed: %s", agent, exc.reason)
             wake.stop(WakeOutcome.PREFLIGHT_FAILED)
             return
         except ScheduleLogError as exc:
@@ -428,7 +433,7 @@ class DueOwner:
                         raise unflushed[wake.agent]
                     wake.session, wake.state = self._store.load(wake.agent)
                 except (PersistenceError, ScheduleLogError) as exc:
-                    log.warning("re-fold for %s failed: %s", wake.agent, exc)
+                    log.log(_level(exc), "re-fold for %s failed: %s", wake.agent, exc)
                     wake.stop(WakeOutcome.DISPATCH_ABANDONED)
                     continue
             assert wake.state is not None
@@ -484,7 +489,8 @@ class DueOwner:
             return True
         except Exception as exc:  # the disk, a bound: this agent's own failure
             # The followup may already be read; with no dispatch the host drops it.
-            log.error("dispatch append for %s abandoned: %s", agent, exc)
+            log.log(_level(exc, logging.ERROR), "dispatch append for %s abandoned: %s",
+                    agent, exc)
             wake.stop(WakeOutcome.DISPATCH_ABANDONED)
             return False
         reach(Failpoint.AFTER_APPEND)
@@ -510,8 +516,13 @@ class DueOwner:
         failed = flush_each(self._store, [wake.agent for wake in wakes])
         for wake in wakes:
             if wake.agent in failed:
-                log.warning("dispatch barrier for %s failed: %s", wake.agent,
-                            failed[wake.agent].reason)
+                log.log(_level(failed[wake.agent]), "dispatch barrier for %s failed: %s",
+                        wake.agent, failed[wake.agent].reason)
                 wake.stop(WakeOutcome.BARRIER_FAILED)
             else:
                 wake.stage = Stage.RECHECK
+
+
+def _level(exc: BaseException, level: int = logging.WARNING) -> int:
+    """A wake's store failure is said per agent, unless the store said its outage."""
+    return logging.DEBUG if outage_said(exc) else level

@@ -36,6 +36,7 @@ from dsh_schedule.shared.core.errors import (
     PersistenceError,
     ScheduleLogError,
     disk_outage_errno,
+    outage_said,
 )
 from dsh_schedule.shared.core.events import (
     STEP_END,
@@ -333,7 +334,8 @@ class ReferenceHost:
             finished = [agent for agent in found.delivered if agent not in failures]
             for session_id, exc in flush_each(self.store, finished).items():
                 # The turn is appended; the next flush of the session confirms it.
-                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+                log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
+                        "flush after the turn of %s failed: %s", session_id, exc.reason)
             self._wrote(failures, wrote=bool(found.delivered))
             pending = [agent for agent in found.again if agent not in failures]
         return alone
@@ -445,7 +447,8 @@ class ReferenceHost:
                 self.store.flush(session_id)
             except PersistenceError as exc:
                 # The turn is appended; the next flush of the session confirms it.
-                log.warning("flush after the turn of %s failed: %s", session_id, exc.reason)
+                log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
+                        "flush after the turn of %s failed: %s", session_id, exc.reason)
         return None
 
     def _wrote(self, failures: dict[str, PersistenceError], *, wrote: bool) -> None:

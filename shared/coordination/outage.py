@@ -31,7 +31,7 @@ from typing import ClassVar, Final
 import redis
 
 from dsh_schedule.shared import metrics
-from dsh_schedule.shared.core.errors import ScheduleError, disk_outage_errno
+from dsh_schedule.shared.core.errors import ScheduleError, disk_outage_errno, outage_said
 
 FIRST_DELAY_S: Final = 0.1
 MAX_DELAY_S: Final = 5.0
@@ -114,6 +114,7 @@ class Outage:
         self._down_since: float | None = None
         self._delay = FIRST_DELAY_S
         self._auth_said: float | None = None
+        self._quiet = False
 
     @property
     def down(self) -> bool:
@@ -128,7 +129,9 @@ class Outage:
         if self._down_since is None:
             self._down_since = self._clock()
             self._delay = FIRST_DELAY_S
-            if not refused:
+            # An outage the session store said itself is not said twice.
+            self._quiet = outage_said(exc)
+            if not refused and not self._quiet:
                 self._log.warning("%s: %s unavailable (%s); retrying", self._what,
                                   self.resource, self._cause(exc))
         else:
@@ -148,8 +151,9 @@ class Outage:
         """Record a successful attempt; True when this ends an outage."""
         if self._down_since is None:
             return False
-        self._log.warning("%s: %s is back after %.1f s", self._what, self.resource,
-                          self._clock() - self._down_since)
+        if not self._quiet:
+            self._log.warning("%s: %s is back after %.1f s", self._what, self.resource,
+                              self._clock() - self._down_since)
         self._down_since = None
         self._delay = FIRST_DELAY_S
         self._auth_said = None

@@ -101,11 +101,20 @@ class EventOutOfBounds(ScheduleError, ValueError):
 
 
 class PersistenceError(ScheduleError, OSError):
-    """The session store could not read, write or confirm durability."""
+    """The session store could not read, write or confirm durability. ``outage_said``:
+    the failure belongs to an outage of the store that the store itself has said (one line
+    when it started, one when it ends), so a caller need not say it again."""
+
+    outage_said: bool = False
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+def outage_said(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``PersistenceError`` of an outage the store has already said."""
+    return isinstance(exc, PersistenceError) and exc.outage_said
 
 
 # What a disk that cannot take writes now says: full, over quota, read-only, failing.

@@ -35,6 +35,7 @@ import functools
 import logging
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -70,6 +71,9 @@ DEFAULT_CACHE_MB: Final[int] = 256
 DEFAULT_POOL_SIZE: Final[int] = 8
 # How long an operation waits for a connection before it is an outage.
 DEFAULT_TIMEOUT_S: Final[float] = 5.0
+# While the server is known to be out of reach, an operation waits at most this long for
+# a connection (else a batch of operations would each wait ``timeout_s``).
+DOWN_TIMEOUT_S: Final[float] = 0.5
 # Events older than the window are fetched this many at a time.
 CHUNK_EVENTS: Final[int] = 256
 # sessions() fetches this many ids a query.
@@ -117,7 +121,7 @@ INSERT INTO {EVENTS} (session_id, seq, line)
 SELECT fenced.id, t.seq, t.line
 FROM fenced, unnest(%(seqs)s::bigint[], %(lines)s::bytea[]) AS t (seq, line)
 """
-# The session row and the rows appended since ``from``, in one statement (one snapshot).
+# The session row and the rows from ``from`` on, in one statement (one snapshot).
 _TAIL: Final = f"""
 SELECT s.token, s.header, s.length, e.seq, e.line
 FROM {SESSIONS} s
@@ -171,12 +175,19 @@ class _Entry:
         self.recent: list[Event] = []
         self._sizes: list[int] = []
         self.charged = 0
+        # The line of the last event fed (None: none yet): a catch-up reads the row at that
+        # seq again and starts over when it differs (a server that lost commits on a crash
+        # and took other appends in their place since).
+        self.last_line: bytes | None = None
 
     @property
     def length(self) -> int:
         return self.digest.length
 
-    def feed(self, events: Sequence[Event], sizes: Sequence[int]) -> None:
+    def feed(self, events: Sequence[Event], sizes: Sequence[int], last_line: bytes | None
+             ) -> None:
+        if events:
+            self.last_line = last_line
         self.digest.feed(events)
         recent = self.recent + list(events)
         kept_sizes = self._sizes + list(sizes)
@@ -282,6 +293,31 @@ class TableEvents(EventSequence):
         return cached[1][index - number * CHUNK_EVENTS]
 
 
+class _Unflushed:
+    """This store's appends to one session that no flush has confirmed yet, contiguous from
+    ``first`` (row ``token``), and the outage count (``_Reachability.epoch``) when the first
+    was made: a server that crashed since may have lost them."""
+
+    __slots__ = ("epoch", "events", "first", "lines", "token")
+
+    def __init__(self, token: int, events: tuple[Event, ...], lines: list[bytes],
+                 epoch: int) -> None:
+        self.token = token
+        self.first = events[0].seq
+        self.events = events
+        self.lines = lines
+        self.epoch = epoch
+
+    @classmethod
+    def after(cls, kept: _Unflushed | None, token: int, events: tuple[Event, ...],
+              lines: list[bytes], epoch: int) -> _Unflushed:
+        """The record once ``events`` follow what ``kept`` holds (or alone)."""
+        if kept is not None and kept.token == token and kept.first + len(kept.events) == \
+                events[0].seq:
+            return cls(token, kept.events + events, kept.lines + lines, kept.epoch)
+        return cls(token, events, lines, epoch)
+
+
 class _Unconfirmed:
     """An append whose commit's outcome is unknown: the lines sent and where."""
 
@@ -289,6 +325,41 @@ class _Unconfirmed:
         self.token = token
         self.events = events
         self.lines = lines
+
+
+class _Reachability:
+    """Whether the server answers, and takes writes: an outage is said once when it starts
+    and once when it ends (as the processes say a Redis outage: docs/architecture.md#
+    outages). A server that answers but takes no writes (its disk full, read-only) is
+    back only once a write succeeds. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.down_since: float | None = None
+        self.unreachable = False  # down, and not even answering
+        self.epoch = 0  # failures so far
+
+    def failed(self, code: int, exc: psycopg.Error) -> None:
+        with self._lock:
+            self.unreachable = code == errno.EIO
+            self.epoch += 1
+            if self.down_since is not None:
+                return
+            self.down_since = time.monotonic()
+        logger.warning("PostgreSQL session store unavailable (%s: %s); retrying",
+                       errno.errorcode.get(code, "?"), type(exc).__name__)
+
+    def succeeded(self, *, wrote: bool) -> bool:
+        """Note a success; True when it ends an outage."""
+        if self.down_since is None:  # the common case, without the lock
+            return False
+        with self._lock:
+            if self.down_since is None or not (wrote or self.unreachable):
+                return False
+            since, self.down_since, self.unreachable = self.down_since, None, False
+        logger.warning("PostgreSQL session store is back after %.1f s",
+                       time.monotonic() - since)
+        return True
 
 
 class PostgresStore:
@@ -311,9 +382,9 @@ class PostgresStore:
         self._schema_lock = threading.Lock()
         self._unconfirmed: dict[str, _Unconfirmed] = {}
         self._unconfirmed_lock = threading.Lock()
-        # The last append of each session this store made and no flush confirmed yet:
-        # (row token, seq and line of its last event).
-        self._unflushed: dict[str, tuple[int, int, bytes]] = {}
+        # The appends of each session this store made and no flush confirmed yet.
+        self._unflushed: dict[str, _Unflushed] = {}
+        self._reach = _Reachability()
         pool_log = logging.getLogger("psycopg.pool")
         if pool_log.level == logging.NOTSET:
             # The pool says every failed connection attempt; an outage of the store is
@@ -355,7 +426,7 @@ class PostgresStore:
         """Bring the schema to ``SCHEMA_VERSION``, one step (one transaction) per version;
         the versions before and after. ``PersistenceError`` for a database at a newer
         version than this code knows."""
-        with self._connection("migrate the schema", schema=False) as conn:
+        with self._connection("migrate the schema", schema=False, writes=True) as conn:
             before = self._version(conn)
             while True:
                 with conn.transaction():
@@ -408,7 +479,8 @@ class PostgresStore:
     def create(self, header: SessionHeader) -> None:
         key = _key(header.id)
         line = encode_header(header)[:-1]
-        with self._connection(f"create session {header.id!r}", create=header.id) as conn:
+        with self._connection(f"create session {header.id!r}", create=header.id,
+                              writes=True) as conn:
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit = on")  # durable on return
                 cur = conn.execute(
@@ -419,7 +491,8 @@ class PostgresStore:
 
     def fork(self, parent_id: str, child_id: str, *, created_at_ms: int) -> SessionHeader:
         parent_key, child_key = _key(parent_id), _key(child_id)
-        with self._connection(f"fork session {parent_id!r}", create=child_id) as conn:
+        with self._connection(f"fork session {parent_id!r}", create=child_id,
+                              writes=True) as conn:
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit = on")  # durable on return
                 # The parent's row held against appends while its lines are copied.
@@ -479,13 +552,39 @@ class PostgresStore:
                 for key, due, length in rows]
 
     def read(self, session_id: str) -> Session:
+        self._settle(session_id)
         return self._caught_up(session_id, lambda entry: self._session(session_id, entry))
 
     def load(self, session_id: str) -> tuple[Session, FoldState]:
+        self._settle(session_id)
         return self._caught_up(
             session_id, lambda entry: (self._session(session_id, entry), entry.digest.fold()))
 
     def append(
+        self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+    ) -> tuple[Event, ...]:
+        self._settle(session_id)
+        return self._append(session_id, events, expected_seq)
+
+    def _settle(self, session_id: str) -> None:
+        """Resolve this store's append of unknown outcome to the session, if any, before
+        the log is read or appended to: a log read without it, or an append fenced past
+        it, would leave it behind (``_confirm``; ``PersistenceError`` while it cannot)."""
+        if not self._unconfirmed and not self._unflushed:  # without the lock
+            return
+        with self._unconfirmed_lock:
+            pending = self._unconfirmed.get(session_id)
+            kept = self._unflushed.get(session_id)
+        if pending is not None:
+            self._confirm(session_id, _key(session_id), pending)
+        elif kept is not None and kept.epoch != self._reach.epoch:
+            # The server failed since: find out now whether it kept them (and commit them
+            # again at the same fence if it did not), before the log moves on without them.
+            failure = self.flush_many([session_id]).get(session_id)
+            if failure is not None:
+                raise failure
+
+    def _append(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
     ) -> tuple[Event, ...]:
         candidates = number_events(events, expected_seq)
@@ -510,9 +609,10 @@ class PostgresStore:
                 written = self._write_append(session_id, params, entry.token, candidates, lines)
                 if written == len(candidates):
                     with self._unconfirmed_lock:
-                        self._unflushed[session_id] = (entry.token, candidates[-1].seq,
-                                                       lines[-1])
-                    entry.feed(candidates, [len(line) + 1 for line in lines])
+                        self._unflushed[session_id] = _Unflushed.after(
+                            self._unflushed.get(session_id), entry.token, candidates, lines,
+                            self._reach.epoch)
+                    entry.feed(candidates, [len(line) + 1 for line in lines], lines[-1])
                     self._cache.settle(session_id, entry)
                     return candidates
                 if written < 0:
@@ -559,7 +659,8 @@ class PostgresStore:
         except ScheduleLogError:
             due = None
         key = _key(session_id)
-        with self._connection(f"copy session {session_id!r}", create=session_id) as conn:
+        with self._connection(f"copy session {session_id!r}", create=session_id,
+                              writes=True) as conn:
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit = on")  # durable on return
                 cur = conn.execute(
@@ -575,12 +676,14 @@ class PostgresStore:
                         "FROM unnest(%s::bigint[], %s::bytea[]) AS t (seq, line)",
                         (key, list(range(start, start + len(part))), part))
 
-    def flush_many(self, session_ids: Sequence[str]) -> dict[str, PersistenceError]:
+    def flush_many(self, session_ids: Sequence[str], *, again: bool = True
+                   ) -> dict[str, PersistenceError]:
         """``flush`` for many sessions, the failures by session: the appends of unknown
         outcome resolved one by one, then one synchronously committed transaction for
         all the rest, which makes every earlier commit durable (the server's log is one
         sequence) and checks that each session still holds this store's last append to it
-        (a server that crashed before its log reached the disk lost it) and that the
+        (a server that crashed before its log reached the disk lost it: appended again
+        at the same fence when the log has not moved on since, ``again``) and that the
         sessions not cached exist. No query when nothing was appended or looked up."""
         failed: dict[str, PersistenceError] = {}
         ids = list(dict.fromkeys(session_ids))
@@ -617,35 +720,68 @@ class PostgresStore:
             with self._unconfirmed_lock:
                 if self._unflushed.get(session_id) is record:
                     del self._unflushed[session_id]
-            if lines.get(session_id) != (record[0], record[2]):
-                self._cache.drop(session_id)
-                failed[session_id] = PersistenceError(
-                    f"session {session_id!r} lost appended events (the server lost commits "
-                    "that had not reached its disk)")
+            token, line, length = lines.get(session_id, (None, None, None))
+            if (token, line) == (record.token, record.lines[-1]):
+                continue
+            self._cache.drop(session_id)
+            stop = record.first + len(record.events)
+            if again and token == record.token and length is not None and \
+                    record.first <= length < stop:
+                failure = self._append_again(session_id, record, length)
+                if failure is None:
+                    continue
+            failed[session_id] = PersistenceError(
+                f"session {session_id!r} lost appended events (the server lost commits "
+                "that had not reached its disk)")
         return failed
 
-    def _sync(self, unknown: list[str], appended: dict[str, tuple[int, int, bytes]]
-              ) -> tuple[set[str], dict[str, tuple[int, bytes]]]:
+    def _append_again(self, session_id: str, record: _Unflushed, length: int
+                      ) -> PersistenceError | None:
+        """Append the lines a crashed server lost at the fence they had, and flush them:
+        those from ``length`` on, once the server holds the ones before as they were (a
+        later synchronous commit of another session made those durable)."""
+        kept = length - record.first
+        try:
+            with self._connection(f"read session {session_id!r}") as conn:
+                found = [bytes(r[0]) for r in conn.execute(
+                    f"SELECT line FROM {EVENTS} WHERE session_id = %s AND seq >= %s AND "
+                    "seq < %s ORDER BY seq", (_key(session_id), record.first, length))]
+            if found != record.lines[:kept]:
+                raise PersistenceError("the log holds other lines")
+            self._append(session_id, [NewEvent(type=e.type, time=e.time, data=e.data)
+                                      for e in record.events[kept:]], length)
+        except (FenceConflict, ScheduleLogError, PersistenceError) as exc:
+            return PersistenceError(f"session {session_id!r}: {exc}")
+        logger.warning("session %r: appended again the %d event(s) the server lost in a "
+                       "crash", session_id, len(record.events) - kept)
+        return self.flush_many([session_id], again=False).get(session_id)
+
+    def _sync(self, unknown: list[str], appended: dict[str, _Unflushed]
+              ) -> tuple[set[str], dict[str, tuple[int, bytes | None, int]]]:
         """One synchronously committed transaction: the ids of ``unknown`` that exist, and
-        for each of ``appended`` its row token and the line at its recorded seq."""
+        for each of ``appended`` its row token, the line at its last recorded seq (None:
+        none) and its length."""
         keys = {_key(sid): sid for sid in unknown}
-        wanted = {_key(sid): (sid, record[1]) for sid, record in appended.items()}
-        with self._connection("confirm sessions durable") as conn, conn.transaction():
+        wanted = {_key(sid): (sid, record.first + len(record.events) - 1)
+                  for sid, record in appended.items()}
+        with self._connection("confirm sessions durable", writes=bool(wanted)) as conn, \
+                conn.transaction():
             if wanted:  # else nothing to make durable: existence alone
                 conn.execute("SET LOCAL synchronous_commit = on")
                 conn.execute("SELECT txid_current()")  # a commit record, flushed at commit
             found = {keys[row[0]] for row in conn.execute(
                 f"SELECT id FROM {SESSIONS} WHERE id = ANY(%s)", (list(keys),))} if keys else set()
-            lines: dict[str, tuple[int, bytes]] = {}
+            lines: dict[str, tuple[int, bytes | None, int]] = {}
             if wanted:
                 rows = conn.execute(
-                    f"SELECT w.id, s.token, e.line FROM unnest(%s::text[], %s::bigint[]) "
+                    f"SELECT w.id, s.token, e.line, s.length "
+                    f"FROM unnest(%s::text[], %s::bigint[]) "
                     f"AS w (id, seq) JOIN {SESSIONS} s ON s.id = w.id LEFT JOIN {EVENTS} e "
                     "ON e.session_id = w.id AND e.seq = w.seq",
                     (list(wanted), [seq for _, seq in wanted.values()])).fetchall()
-                for key, token, line in rows:
-                    if line is not None:
-                        lines[wanted[key][0]] = (int(token), bytes(line))
+                for key, token, line, length in rows:
+                    lines[wanted[key][0]] = (int(token), None if line is None else bytes(line),
+                                             int(length))
         return found, lines
 
     # -- overridable primitives (tests inject faults here) --------------------------------
@@ -666,7 +802,7 @@ class PostgresStore:
         when its outcome is unknown (recorded for ``flush``)."""
         sent = False
         try:
-            with self._connection(f"append to session {session_id!r}") as conn:
+            with self._connection(f"append to session {session_id!r}", writes=True) as conn:
                 try:
                     sent = True
                     return self._execute_append(conn, params)
@@ -704,14 +840,15 @@ class PostgresStore:
         if row is not None and int(row[0]) == pending.token:
             if found == pending.lines:
                 with self._unconfirmed_lock:  # committed: the flush makes it durable
-                    self._unflushed[session_id] = (pending.token, pending.events[-1].seq,
-                                                   pending.lines[-1])
+                    self._unflushed[session_id] = _Unflushed.after(
+                        self._unflushed.get(session_id), pending.token, pending.events,
+                        pending.lines, self._reach.epoch)
                 self._forget(session_id, pending)
                 return
             if not found and int(row[1]) == first:
                 again = [NewEvent(type=e.type, time=e.time, data=e.data) for e in pending.events]
                 try:
-                    self.append(session_id, again, first)
+                    self._append(session_id, again, first)
                 except (FenceConflict, ScheduleLogError):
                     pass  # moved on meanwhile: not kept
                 else:
@@ -763,13 +900,20 @@ class PostgresStore:
         key = _key(session_id)
         entry = self._cache.get(session_id)
         start = entry.length if entry is not None else 0
+        last = entry.last_line if entry is not None else None
         with self._connection(f"read session {session_id!r}") as conn:
-            rows = conn.execute(_TAIL, {"id": key, "from": start}).fetchall()
+            rows = conn.execute(_TAIL, {"id": key,
+                                        "from": start - 1 if last is not None else start}
+                                ).fetchall()
         if not rows:
             raise missing_session(session_id)
         token, header_line, length = int(rows[0][0]), bytes(rows[0][1]), int(rows[0][2])
+        if last is not None and rows[0][3] is not None and int(rows[0][3]) == start - 1:
+            if bytes(rows[0][4]) != last:
+                length = -1  # the event it holds last is not the log's: read it all
+            rows = rows[1:] or [(token, header_line, length, None, None)]
         if entry is None or entry.token != token or length < entry.length:
-            if start > 0:  # made again since, or shorter than it was: read it all
+            if start > 0:  # made again since, shorter than it was, or not the same log
                 self._cache.drop(session_id)
                 return self._catch_up(session_id)
             entry = _Entry(token, decode_header_line(header_line, session_id))
@@ -778,6 +922,7 @@ class PostgresStore:
             if entry.length == start:
                 events: list[Event] = []
                 sizes: list[int] = []
+                line = b""
                 seq = start
                 for row in rows:
                     if row[3] is None:
@@ -790,20 +935,24 @@ class PostgresStore:
                     seq += 1
                 if seq != length:
                     raise PersistenceError(f"session {session_id!r} misses event {seq}")
-                entry.feed(events, sizes)
+                entry.feed(events, sizes, line)
             self._cache.settle(session_id, entry)
         return entry
 
     @contextmanager
-    def _connection(self, what: str, *, create: str | None = None, schema: bool = True
-                    ) -> Iterator[psycopg.Connection[Any]]:
+    def _connection(self, what: str, *, create: str | None = None, schema: bool = True,
+                    writes: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection (autocommit) for the block; every PostgreSQL failure is a
         ``PersistenceError`` (``create``: the id whose creation a unique key may refuse;
-        ``schema``: make sure of the schema first)."""
+        ``schema``: make sure of the schema first; ``writes``: whether the block writes,
+        for the outage's end)."""
         if schema:
             self._ensure_schema()
+        down = self._reach.unreachable
         try:
-            with self._pool.connection(timeout=self._timeout_s) as conn:
+            with self._pool.connection(
+                    timeout=min(self._timeout_s, DOWN_TIMEOUT_S) if down else self._timeout_s
+            ) as conn:
                 yield conn
         except pg_errors.UniqueViolation as exc:
             if create is not None:
@@ -812,7 +961,27 @@ class PostgresStore:
         except psycopg.Error as exc:
             failure = PersistenceError(f"cannot {what}: {type(exc).__name__}")
             failure.errno = outage_errno(exc)
+            if failure.errno is not None:
+                self._reach.failed(failure.errno, exc)
+                failure.outage_said = True
+                if isinstance(exc, psycopg.OperationalError) and not down:
+                    # The server went away: the idle connections it held are dead too.
+                    self._pool.check()
             raise failure from exc
+        if self._reach.succeeded(wrote=writes):
+            self._after_outage()
+
+    def _after_outage(self) -> None:
+        """Find out whether the server kept this store's appends it had not confirmed when
+        it failed, and append again at the same fence those it lost in a crash: the
+        processes that made them have moved on (a turn delivered, a followup acknowledged)
+        and may never flush those sessions again."""
+        epoch = self._reach.epoch
+        with self._unconfirmed_lock:
+            ids = [sid for sid, kept in self._unflushed.items() if kept.epoch != epoch]
+        for exc in self.flush_many(ids).values():
+            if not exc.outage_said:  # else checked again when the next outage ends
+                logger.warning("after the outage: %s", exc.reason)
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:

@@ -220,10 +220,51 @@ def test_a_flush_finds_an_append_the_server_lost_and_says_so(
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f"DELETE FROM {EVENTS} WHERE seq = 1")  # type: ignore[arg-type]
         conn.execute(f"UPDATE {SESSIONS} SET length = 1")  # type: ignore[arg-type]
-    # then the flush does not confirm it, and the store reads the log as it is
+    # then the flush finds it lost and, the log not having moved since, appends it again
+    # at the same fence
+    store.flush("s1")
+    with PostgresStore(postgres_url) as fresh:
+        assert [e.data["content"][0]["text"] for e in fresh.read("s1").events] == ["a", "b"]
+
+
+def test_a_flush_appends_again_only_the_part_a_crash_lost(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    # given two appends no flush confirmed, of which the server kept the first (another
+    # session's synchronous commit made it durable) and lost the second
+    store.create(header())
+    store.append("s1", [message("a"), message("b")], 0)
+    store.append("s1", [message("c")], 2)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {EVENTS} WHERE seq = 2")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {SESSIONS} SET length = 2")  # type: ignore[arg-type]
+    # when it flushes, then the lost part alone is appended again, after the kept one
+    store.flush("s1")
+    with PostgresStore(postgres_url) as fresh:
+        texts = [e.data["content"][0]["text"] for e in fresh.read("s1").events]
+    assert texts == ["a", "b", "c"]
+
+
+def test_a_read_after_the_server_lost_an_append_and_took_another_reads_the_log_as_it_is(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    # given: this store's append, which the server then loses (a crash before its log
+    # reached the disk), and another writer's append at the same seq since
+    store.create(header())
+    store.append("s1", [message("a")], 0)
+    store.append("s1", [message("lost")], 1)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {EVENTS} WHERE seq = 1")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {SESSIONS} SET length = 1")  # type: ignore[arg-type]
+    with PostgresStore(postgres_url) as other:
+        other.append("s1", [message("other")], 1)
+        other.append("s1", [message("next")], 2)
+    # when this store reads it, then the log as the server holds it, not what it kept
+    texts = [e.data["content"][0]["text"] for e in store.read("s1").events]
+    assert texts == ["a", "other", "next"]
+    # and its flush says what it lost, which the log has moved on without
     with pytest.raises(PersistenceError, match="lost"):
         store.flush("s1")
-    assert len(store.read("s1").events) == 1
     store.flush("s1")  # nothing of this store's is unconfirmed any more
 
 

@@ -479,12 +479,31 @@ def test_compose_file_validates_with_docker_compose() -> None:
     if compose is None:
         _tool_missing("neither the docker compose plugin nor docker-compose is installed")
         return
-    result = subprocess.run(
-        [*compose, "-f", str(DEPLOY / "docker-compose.yml"), "--profile", "monitoring",
-         "config", "--quiet"],
-        capture_output=True, text=True, timeout=60, env=_clean_env(),
-    )
-    assert result.returncode == 0, result.stderr
+    for files in (["docker-compose.yml"], ["docker-compose.yml", "docker-compose.postgres.yml"]):
+        named = [arg for name in files for arg in ("-f", str(DEPLOY / name))]
+        result = subprocess.run(
+            [*compose, *named, "--profile", "monitoring", "config", "--quiet"],
+            capture_output=True, text=True, timeout=60, env=_clean_env(),
+        )
+        assert result.returncode == 0, (files, result.stderr)
+
+
+def test_the_postgres_overlay_names_one_store_for_the_host_and_the_workers() -> None:
+    """Laid over the compose file, the PostgreSQL overlay starts a healthy database first
+    and names it as the store of every process that reads sessions."""
+    overlay = read_yaml(DEPLOY / "docker-compose.postgres.yml")
+    assert isinstance(overlay, dict)
+    services: dict[str, dict[str, Any]] = overlay["services"]
+    base = _compose()["services"]
+    assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
+    assert set(services) - {"postgres"} <= set(base)
+    for name in ("session-init", "worker", "host"):
+        store = services[name]["environment"]["DSH_SCHEDULE_STORE"]
+        assert store.startswith("postgresql://") and "@postgres:5432/" in store, name
+        assert services[name]["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    assert "DSH_SCHEDULE_STORE" not in base["scheduler"]["environment"]  # Redis only
+    assert "dsh-schedule session create demo" in " ".join(services["session-init"]["command"])
+    assert _requires(_image_dependencies(), "psycopg")
 
 
 # -- systemd ----------------------------------------------------------------------------

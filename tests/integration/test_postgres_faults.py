@@ -17,7 +17,7 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.postgres import SESSIONS, PostgresStore
+from dsh_schedule.shared.store.postgres import EVENTS, SESSIONS, PostgresStore
 from tests.adapters.test_store_contract import message
 from tests.pg_proxy import PgProxy
 from tests.support import FakeClock, new_session, value
@@ -152,3 +152,29 @@ def test_a_server_that_refuses_writes_is_an_outage_not_a_corrupt_session(
     assert disk_outage_errno(caught.value) == code
     with PostgresStore(postgres_url) as store:
         assert store.read("s1").events == ()
+
+
+def test_appends_a_crashed_server_lost_are_appended_again_when_it_is_back(
+    store: PostgresStore, proxy: PgProxy, postgres_url: str
+) -> None:
+    # given: an append not yet confirmed by a flush, then the server out of reach
+    new_session(store)
+    store.append("s1", [message("a"), message("b")], 0)
+    proxy.down()
+    with pytest.raises(PersistenceError):
+        store.read("s2")
+    # when it comes back having lost that commit (a crash before its log reached the disk)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {EVENTS} WHERE session_id = 's1'")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {SESSIONS} SET length = 0")  # type: ignore[arg-type]
+    proxy.up()
+    for _ in range(100):  # the pool reconnects after its own backoff
+        try:
+            store.exists("s2")
+            break
+        except PersistenceError:
+            time.sleep(0.2)
+    # then the first success finds it lost and appends it again at the same fence, durably,
+    # though the process that made it never flushes that session again
+    with PostgresStore(postgres_url) as fresh:
+        assert [e.data["content"][0]["text"] for e in fresh.read("s1").events] == ["a", "b"]
