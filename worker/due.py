@@ -2,8 +2,10 @@
 for a batch of wakes at once (docs/architecture.md#batched-due-transactions); a single wake
 is a batch of one.
 
-Each agent of a batch is one ``AgentWake`` record moving through named ``Stage``s, one
-way: checked (flushed, read, re-projected, decided), then, when a dispatch is due, claimed
+The locks, the preflight, the fenced append with its retry, the barrier and the re-arm are
+the log transaction engine's (``shared/transaction.py``); the decision is ``due_decision``.
+Each going agent of a batch stands at a named ``Stage``, one way: checked (flushed, read,
+re-projected, decided), then, when a dispatch is due, an immutable ``Due`` record claimed
 (its maintenance phase), written (its followup), appended (its fenced dispatch) and
 confirmed (its barrier flush), then checked again, until nothing is due; an agent whose
 wake stops on the way keeps the ``WakeOutcome`` that stopped it. Each stage runs for every
@@ -29,8 +31,6 @@ from rq.timeouts import JobTimeoutException
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
-from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
@@ -206,8 +206,7 @@ class DueOwner:
     def _wake_live(self, targets: dict[str, int | None]) -> dict[str, WakeOutcome]:
         """The live agents' transactions, their free locks taken together, then each busy
         one alone, waiting for its lock; the others are not live."""
-        live = set(self._coord.leases.live_among(list(targets),
-                                                 now_ms=self._clock() - LIVE_SLACK_MS))
+        live = self._coord.live_agents(list(targets), self._clock())
         outcomes = {agent: WakeOutcome.NOT_LIVE for agent in targets if agent not in live}
         for agent in outcomes:
             log.info("wake for %s: not live (no host holds a valid lease on it); the host "
@@ -275,7 +274,7 @@ class DueOwner:
         the entry waits in its stream, the agent's next wake announces it again (it has
         an undelivered dispatch), and so does a re-arm once the entry is stale."""
         try:
-            self._coord.followups.announce_many(agents)
+            self._coord.announce(agents)
         except redis.RedisError as exc:
             metrics.get().redis_error()
             log.warning("%d dispatched agent(s) not announced (%s); their followups wait "
@@ -369,7 +368,7 @@ class DueOwner:
                        if (missing := ledger.undelivered())]
         if not undelivered:
             return
-        streams = self._coord.followups.entries_many([a for a, _l, _m in undelivered])
+        streams = self._coord.followup_entries([a for a, _l, _m in undelivered])
         lost: list[tuple[str, str, Sequence[Pair]]] = []
         for (agent, ledger, missing), entries in zip(undelivered, streams, strict=True):
             batch.announce.add(agent)
@@ -380,7 +379,7 @@ class DueOwner:
                 metrics.get().delivery("reprojected", len(added))
                 log.info("re-projected %d lost followup(s) for %s", len(added), agent)
             lost.extend(added)
-        self._coord.followups.add_many(lost)
+        self._coord.write_followups(lost)
 
     # -- dispatch: claim, write, append, release, confirm --------------------------------
 
@@ -393,9 +392,8 @@ class DueOwner:
         if not due:
             return
         token = uuid.uuid4().hex
-        phase = self._coord.phase
-        claimed = phase.claim_many([d.agent for d in due], "maintenance", token,
-                                   self._settings.maintenance_ttl_s)
+        claimed = self._coord.claim_maintenance([d.agent for d in due], token,
+                                                self._settings.maintenance_ttl_s)
         held: list[Due] = []
         for d, ok in zip(due, claimed, strict=True):
             if ok:
@@ -406,18 +404,13 @@ class DueOwner:
         if not held:
             return
         try:
-            live = set(self._coord.leases.live_among([d.agent for d in held],
-                                                     now_ms=self._clock() - LIVE_SLACK_MS))
+            live = self._coord.live_agents([d.agent for d in held], self._clock())
             for d in held:
                 if d.agent not in live:
                     batch.stop(d.agent, WakeOutcome.NOT_LIVE)
             appended = self._append_fenced([d for d in held if d.agent in live], batch)
         finally:
-            released = phase.release_many([d.agent for d in held], "maintenance", token)
-            woken = [d.agent for d, release in zip(held, released, strict=True)
-                     if release is Release.WAITER_WOKEN]
-            if woken:
-                self._coord.trigger_many(woken)
+            self._coord.end_maintenance([d.agent for d in held], token)
         self._barrier(appended, batch)
 
     def _append_fenced(self, due: list[Due], batch: _Batch) -> list[str]:
@@ -483,8 +476,7 @@ class DueOwner:
             return []
         reach(Failpoint.BEFORE_FOLLOWUP)
         # Announced once the transaction lets the agents go (``_announce``).
-        self._coord.followups.add_many([(p.agent, p.plan.text, p.plan.pairs)
-                                        for p in planned])
+        self._coord.write_followups([(p.agent, p.plan.text, p.plan.pairs) for p in planned])
         written_ms = self._clock()
         reach(Failpoint.AFTER_FOLLOWUP)
         conflicted: list[Due] = []
