@@ -1,4 +1,4 @@
-"""The log transaction, written once (docs/architecture.md#the-log-transaction).
+"""The log transaction, written once (docs/architecture.md#management-tools).
 
 Every write to a session log is the same fenced transaction, for one session or a batch:
 take the agents' locks, flush and load each log (the preflight), let a *decider* say what
