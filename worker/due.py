@@ -2,8 +2,10 @@
 for a batch of wakes at once (docs/architecture.md#batched-due-transactions); a single wake
 is a batch of one.
 
-Each agent of a batch is one ``AgentWake`` record moving through named ``Stage``s, one
-way: checked (flushed, read, re-projected, decided), then, when a dispatch is due, claimed
+The locks, the preflight, the fenced append with its retry, the barrier and the re-arm are
+the log transaction engine's (``shared/transaction.py``); the decision is ``due_decision``.
+Each going agent of a batch stands at a named ``Stage``, one way: checked (flushed, read,
+re-projected, decided), then, when a dispatch is due, an immutable ``Due`` record claimed
 (its maintenance phase), written (its followup), appended (its fenced dispatch) and
 confirmed (its barrier flush), then checked again, until nothing is due; an agent whose
 wake stops on the way keeps the ``WakeOutcome`` that stopped it. Each stage runs for every
@@ -29,9 +31,6 @@ from rq.timeouts import JobTimeoutException
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
-from dsh_schedule.shared.coordination.owed import OwedRearms
-from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
 from dsh_schedule.shared.core.errors import (
@@ -40,17 +39,21 @@ from dsh_schedule.shared.core.errors import (
     ScheduleLogError,
     outage_said,
 )
-from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.core.ledger import LedgerView, Pair, ledger_of
 from dsh_schedule.shared.core.records import encode_change
 from dsh_schedule.shared.failpoints import Failpoint, reach
-from dsh_schedule.shared.fencing import FENCE_ATTEMPTS
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.transaction import (
+    FENCE_ATTEMPTS,
+    LogTransactions,
+    Read,
+    retry_fenced_many,
+)
 from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
 from dsh_schedule.worker.retry import RETRIED, WakeRetries
 
@@ -60,31 +63,52 @@ MAX_ROUNDS: Final = 64
 
 
 class Stage(Enum):
-    """Where an agent's wake stands within its round."""
+    """Where a going agent's wake stands within its round; an agent whose wake ended is
+    no longer going (``_Batch.outcomes`` says how it ended)."""
 
-    CHECK = "check"  # flush, read, re-project and decide
+    CHECK = "check"  # to flush, read, re-project and decide
     RECHECK = "recheck"  # just dispatched past its barrier: read and decide (no flush)
     DUE = "due"  # a dispatch is due: claim, write, append
     APPENDED = "appended"  # the dispatch is in the log: the barrier flush confirms it
-    DONE = "done"  # ``outcome`` says how the wake ended
 
 
-class AgentWake(msgspec.Struct, kw_only=True):
-    """One agent's due transaction as it moves through the stages."""
+class Due(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent found due: the read it decided on, fenced at its length."""
 
     agent: str
-    stage: Stage = Stage.CHECK
-    session: Session | None = None
-    state: FoldState | None = None
-    ledger: LedgerView | None = None  # what the check found dispatched, undelivered
-    decision: DispatchOne | DispatchBatch | None = None
-    decided_ms: int = 0
-    plan: DispatchPlan | None = None
-    outcome: WakeOutcome | None = None
-    announce: bool = False  # a host is to be told of its followups once it is let go
+    read: Read
+    decision: DispatchOne | DispatchBatch
+    decided_ms: int
 
-    def stop(self, outcome: WakeOutcome) -> None:
-        self.stage, self.outcome = Stage.DONE, outcome
+
+class Planned(msgspec.Struct, frozen=True, kw_only=True):
+    """A due agent's dispatch, framed and ready to write."""
+
+    due: Due
+    plan: DispatchPlan
+
+    @property
+    def agent(self) -> str:
+        return self.due.agent
+
+
+class _Batch:
+    """Where each agent of a batch stands: going (at a ``Stage``) or ended (its
+    outcome), the fold each settled agent re-arms from, and who is to be announced."""
+
+    def __init__(self, agents: Sequence[str]) -> None:
+        self.agents = list(agents)
+        self.going: dict[str, Stage] = dict.fromkeys(agents, Stage.CHECK)
+        self.outcomes: dict[str, WakeOutcome] = {}
+        self.settled: dict[str, FoldState] = {}
+        self.announce: set[str] = set()  # told of their followups once let go
+
+    def at(self, stage: Stage) -> list[str]:
+        return [agent for agent, at in self.going.items() if at is stage]
+
+    def stop(self, agent: str, outcome: WakeOutcome) -> None:
+        self.going.pop(agent, None)
+        self.outcomes[agent] = outcome
 
 
 class DueOwner:
@@ -104,9 +128,10 @@ class DueOwner:
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
+        self._tx = LogTransactions(store, coordination, clock)
         # The agents whose wake batch failed on Redis, maybe after a durable dispatch: the
         # worker's beat repays them once Redis answers (docs/architecture.md#owed-re-arms).
-        self.owed = OwedRearms()
+        self.owed = self._tx.owed
         # The agents whose own wake failed, owed a retry with backoff (worker/retry.py).
         self.retries = WakeRetries()
 
@@ -165,7 +190,7 @@ class DueOwner:
         """Enqueue a wake for every agent a failed batch left owed one, whose retry is
         due (nothing is sent when none is); a Redis failure keeps them owed for the next
         call."""
-        return self.owed.repay_quietly(self._coord, now_ms=self._clock())
+        return self._tx.repay_owed(quietly=True, now_ms=self._clock())
 
     def _owe_retries(self, outcomes: dict[str, WakeOutcome]) -> None:
         """Owe every agent whose wake failed on its own a retry, with backoff
@@ -186,8 +211,7 @@ class DueOwner:
     def _wake_live(self, targets: dict[str, int | None]) -> dict[str, WakeOutcome]:
         """The live agents' transactions, their free locks taken together, then each busy
         one alone, waiting for its lock; the others are not live."""
-        live = set(self._coord.leases.live_among(list(targets),
-                                                 now_ms=self._clock() - LIVE_SLACK_MS))
+        live = self._coord.live_agents(list(targets), self._clock())
         outcomes = {agent: WakeOutcome.NOT_LIVE for agent in targets if agent not in live}
         for agent in outcomes:
             log.info("wake for %s: not live (no host holds a valid lease on it); the host "
@@ -197,16 +221,13 @@ class DueOwner:
         if timed:
             latest, agent = max(timed)
             self._sleep_out_skew(agent, latest)
-        wakes = {agent: AgentWake(agent=agent) for agent in order}
-        busy = self._coord.locks.each_held(
-            order, lambda held: self._transact([wakes[agent] for agent in held]),
+        busy = self._tx.each_held(
+            order, lambda held: self._transact(held, outcomes),
             wait_s=self._settings.wake_lock_wait_s, released=self._announce)
         for agent in busy:
             log.debug("wake for %s: lock busy, the holder re-arms", agent)
-            wakes[agent].stop(WakeOutcome.LOCK_BUSY)
-        outcomes.update((agent, wake.outcome or WakeOutcome.FAILED)
-                        for agent, wake in wakes.items())
-        return outcomes
+            outcomes[agent] = WakeOutcome.LOCK_BUSY
+        return {agent: outcomes.get(agent, WakeOutcome.FAILED) for agent in targets}
 
     def _sleep_out_skew(self, agent: str, target_ms: int) -> None:
         """Sleep out a scheduled wake that arrives less than ``early_sleep_s`` before its
@@ -227,30 +248,29 @@ class DueOwner:
                       agent, early_ms)
             self._sleep(early_ms / 1000)
 
-    def _transact(self, wakes: list[AgentWake]) -> list[str]:
+    def _transact(self, agents: list[str], outcomes: dict[str, WakeOutcome]) -> list[str]:
         """The rounds of these agents' transactions, their locks held, then the re-arm of
-        those that settled; returns the agents to announce once they are let go."""
-        if len(wakes) == 1:  # a busy agent woken alone: its lines carry it
-            with log_context(agent=wakes[0].agent):
-                return self._rounds(wakes)
-        return self._rounds(wakes)
+        those that settled; notes each one's outcome, and returns the agents to announce
+        once they are let go."""
+        if len(agents) == 1:  # a busy agent woken alone: its lines carry it
+            with log_context(agent=agents[0]):
+                return self._rounds(agents, outcomes)
+        return self._rounds(agents, outcomes)
 
-    def _rounds(self, wakes: list[AgentWake]) -> list[str]:
+    def _rounds(self, agents: list[str], outcomes: dict[str, WakeOutcome]) -> list[str]:
+        batch = _Batch(agents)
         for _ in range(MAX_ROUNDS):
-            going = [wake for wake in wakes if wake.stage is not Stage.DONE]
-            if not going:
+            if not batch.going:
                 break
-            self._check(going)
-            self._dispatch([wake for wake in going if wake.stage is Stage.DUE])
-        for wake in wakes:
-            if wake.stage is not Stage.DONE:
-                log.warning("wake for %s: still due after %d rounds", wake.agent, MAX_ROUNDS)
-                wake.stop(WakeOutcome.STILL_DUE)
-        settled = [(wake.agent, wake.state) for wake in wakes
-                   if wake.outcome is WakeOutcome.SETTLED and wake.state is not None]
-        self._coord.wakes.rearm_many(settled, self._clock())
-        return [wake.agent for wake in wakes
-                if wake.announce or wake.outcome is WakeOutcome.BARRIER_FAILED]
+            self._dispatch(self._check(batch), batch)
+        for agent in list(batch.going):
+            log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
+            batch.stop(agent, WakeOutcome.STILL_DUE)
+        outcomes.update(batch.outcomes)
+        self._tx.rearm_many([(agent, batch.settled[agent]) for agent in agents
+                             if batch.outcomes[agent] is WakeOutcome.SETTLED])
+        return [agent for agent in agents if agent in batch.announce
+                or batch.outcomes[agent] is WakeOutcome.BARRIER_FAILED]
 
     def _announce(self, agents: Sequence[str]) -> None:
         """Announce to their hosts the agents with followups to deliver, now that the
@@ -259,7 +279,7 @@ class DueOwner:
         the entry waits in its stream, the agent's next wake announces it again (it has
         an undelivered dispatch), and so does a re-arm once the entry is stale."""
         try:
-            self._coord.followups.announce_many(agents)
+            self._coord.announce(agents)
         except redis.RedisError as exc:
             metrics.get().redis_error()
             log.warning("%d dispatched agent(s) not announced (%s); their followups wait "
@@ -267,69 +287,79 @@ class DueOwner:
 
     # -- check: read the log and decide ------------------------------------------------
 
-    def _check(self, wakes: list[AgentWake]) -> None:
-        """Read and decide each agent once: an agent that just dispatched past its barrier
-        is read on this worker's own view of its log, the rest after a preflight flush
-        and a re-projection of their lost followups. Leaves each agent ``DUE``, settled,
-        or stopped."""
-        for wake in wakes:
-            if wake.stage is Stage.RECHECK:
-                self._reread(wake)
-        checking = [wake for wake in wakes if wake.stage is Stage.CHECK]
-        self._preflight(checking)
-        self._reproject([wake for wake in checking if wake.stage is Stage.CHECK])
+    def _check(self, batch: _Batch) -> list[Due]:
+        """Read and decide each going agent once: an agent that just dispatched past its
+        barrier is read on this worker's own view of its log, the rest after a preflight
+        flush and a re-projection of their lost followups. Returns the agents found due;
+        the others are settled or stopped."""
+        reads = self._reread(batch)
+        checked = self._preflight(batch)
+        self._reproject(checked, batch)
+        reads.update((agent, read) for agent, (read, _ledger) in checked.items())
         now = self._clock()
-        for wake in wakes:
-            if wake.stage in (Stage.CHECK, Stage.RECHECK):
-                self._decide(wake, now)
+        due: list[Due] = []
+        for agent in list(batch.going):
+            if (read := reads.get(agent)) is None:
+                continue
+            decision = due_decision(read.state, now)
+            if isinstance(decision, Wait):
+                batch.settled[agent] = read.state
+                batch.stop(agent, WakeOutcome.SETTLED)
+            else:
+                batch.going[agent] = Stage.DUE
+                due.append(Due(agent=agent, read=read, decision=decision, decided_ms=now))
+        return due
 
-    def _reread(self, wake: AgentWake) -> None:
+    def _reread(self, batch: _Batch) -> dict[str, Read]:
         """The read after a dispatch whose barrier flush just succeeded, the agent's lock
         still held. No second preflight flush and no re-projection: the barrier confirmed
         this worker's bytes, the followups were written just before them, and only
         ``schedule/change`` records, appended under the lock this worker holds, change
         the decision. An agent whose log cannot be read now gets the full check."""
-        try:
-            wake.session, wake.state = self._store.load(wake.agent)
-        except (PersistenceError, ScheduleLogError):
-            wake.stage = Stage.CHECK
+        reads: dict[str, Read] = {}
+        for agent in batch.at(Stage.RECHECK):
+            try:
+                reads[agent] = self._tx.load(agent)
+            except (PersistenceError, ScheduleLogError):
+                batch.going[agent] = Stage.CHECK
+        return reads
 
-    def _preflight(self, wakes: list[AgentWake]) -> None:
-        """The flushed log of each agent, the flushes together. A failed one stops its
-        agent: a flush that succeeds after a failed one does not prove the earlier bytes
-        durable."""
-        unflushed = flush_each(self._store, [wake.agent for wake in wakes])
-        for wake in wakes:
-            with log_context(agent=wake.agent):
-                try:
-                    self._load(wake, unflushed.get(wake.agent))
-                except redis.RedisError:
-                    raise  # every other agent of the batch needs Redis too
-                except Exception:
-                    log.exception("wake for %s failed", wake.agent)  # spares the rest
-                    wake.stop(WakeOutcome.FAILED)
+    def _preflight(self, batch: _Batch) -> dict[str, tuple[Read, LedgerView]]:
+        """The flushed log of each agent to check, and its ledger (what it dispatched and
+        has not delivered), the flushes together; a failure stops its agent alone."""
+        checked: dict[str, tuple[Read, LedgerView]] = {}
+        for agent, read in self._tx.preflight(batch.at(Stage.CHECK)).items():
+            with log_context(agent=agent):
+                outcome = self._unread(agent, read)
+                if outcome is None:
+                    assert isinstance(read, Read)
+                    try:
+                        checked[agent] = (read, ledger_of(read.session))
+                    except ScheduleLogError as exc:
+                        log.error("cannot re-project followups for %s: %s", agent, exc)
+                        outcome = WakeOutcome.CORRUPT_LOG
+                    except Exception:
+                        log.exception("wake for %s failed", agent)  # spares the rest
+                        outcome = WakeOutcome.FAILED
+            if outcome is not None:
+                batch.stop(agent, outcome)
+        return checked
 
-    def _load(self, wake: AgentWake, flush_failure: PersistenceError | None) -> None:
-        agent = wake.agent
-        try:
-            if flush_failure is not None:
-                raise flush_failure
-            wake.session, wake.state = self._store.load(agent)
-        except PersistenceError as exc:
-            log.log(_level(exc), "due preflight for %s failed: %s", agent, exc.reason)
-            wake.stop(WakeOutcome.PREFLIGHT_FAILED)
-            return
-        except ScheduleLogError as exc:
-            log.error("corrupt schedule log for %s, arming nothing: %s", agent, exc)
-            wake.stop(WakeOutcome.CORRUPT_LOG)
-            return
-        try:
-            wake.ledger = ledger_of(wake.session)  # a corrupt one stops here
-        except ScheduleLogError as exc:
-            log.error("cannot re-project followups for %s: %s", agent, exc)
-            wake.stop(WakeOutcome.CORRUPT_LOG)
+    @staticmethod
+    def _unread(agent: str, read: Read | Exception) -> WakeOutcome | None:
+        """How a failed preflight ends the agent's wake (None: it read)."""
+        if isinstance(read, PersistenceError):
+            log.log(_level(read), "due preflight for %s failed: %s", agent, read.reason)
+            return WakeOutcome.PREFLIGHT_FAILED
+        if isinstance(read, ScheduleLogError):
+            log.error("corrupt schedule log for %s, arming nothing: %s", agent, read)
+            return WakeOutcome.CORRUPT_LOG
+        if isinstance(read, Exception):
+            log.error("wake for %s failed", agent, exc_info=read)  # spares the rest
+            return WakeOutcome.FAILED
+        return None
 
-    def _reproject(self, wakes: list[AgentWake]) -> None:
+    def _reproject(self, checked: dict[str, tuple[Read, LedgerView]], batch: _Batch) -> None:
         """Re-add every lost followup of these agents
         (docs/architecture.md#hosts-followups-and-rebuild): a dispatch in the agent's own
         suffix that no delivered message covers and no stream entry holds gets its
@@ -339,151 +369,140 @@ class DueOwner:
         script call writing what is missing, unannounced: an agent with an undelivered
         dispatch is announced once let go (a host may have missed it, as when a worker
         died before announcing)."""
-        undelivered = [(wake, ledger, missing) for wake in wakes
-                       if (ledger := wake.ledger) and (missing := ledger.undelivered())]
+        undelivered = [(agent, ledger, missing) for agent, (_read, ledger) in checked.items()
+                       if (missing := ledger.undelivered())]
         if not undelivered:
             return
-        streams = self._coord.followups.entries_many([w.agent for w, _l, _m in undelivered])
+        streams = self._coord.followup_entries([a for a, _l, _m in undelivered])
         lost: list[tuple[str, str, Sequence[Pair]]] = []
-        for (wake, ledger, missing), entries in zip(undelivered, streams, strict=True):
-            wake.announce = True
+        for (agent, ledger, missing), entries in zip(undelivered, streams, strict=True):
+            batch.announce.add(agent)
             held: set[Pair] = {p for entry in entries for p in entry.pairs}
-            added = [(wake.agent, pending_frame(ledger, group), group.pairs)
+            added = [(agent, pending_frame(ledger, group), group.pairs)
                      for group in missing if not any(p in held for p in group.pairs)]
             if added:
                 metrics.get().delivery("reprojected", len(added))
-                log.info("re-projected %d lost followup(s) for %s", len(added), wake.agent)
+                log.info("re-projected %d lost followup(s) for %s", len(added), agent)
             lost.extend(added)
-        self._coord.followups.add_many(lost)
-
-    def _decide(self, wake: AgentWake, now: int) -> None:
-        assert wake.state is not None
-        decision = due_decision(wake.state, now)
-        if isinstance(decision, Wait):
-            wake.stop(WakeOutcome.SETTLED)
-        else:
-            wake.stage, wake.decision, wake.decided_ms = Stage.DUE, decision, now
+        self._coord.write_followups(lost)
 
     # -- dispatch: claim, write, append, release, confirm --------------------------------
 
-    def _dispatch(self, wakes: list[AgentWake]) -> None:
+    def _dispatch(self, due: list[Due], batch: _Batch) -> None:
         """Claim maintenance, dispatch once, release, then the barrier flush
         (docs/architecture.md#the-due-transaction, steps 6 to 8), for every agent found
         due: their phases claimed and released in one round trip each, their followups
         written in one. An agent that dispatched and passed its barrier is checked again
         next round; one that found nothing due any more gets the full check."""
-        if not wakes:
+        if not due:
             return
         token = uuid.uuid4().hex
-        phase = self._coord.phase
-        agents = [wake.agent for wake in wakes]
-        claimed = phase.claim_many(agents, "maintenance", token,
-                                   self._settings.maintenance_ttl_s)
-        held: list[AgentWake] = []
-        for wake, ok in zip(wakes, claimed, strict=True):
+        claimed = self._coord.claim_maintenance([d.agent for d in due], token,
+                                                self._settings.maintenance_ttl_s)
+        held: list[Due] = []
+        for d, ok in zip(due, claimed, strict=True):
             if ok:
-                held.append(wake)
+                held.append(d)
             else:
-                log.debug("agent %s busy: idle waiter registered", wake.agent)
-                wake.stop(WakeOutcome.WAITING_FOR_IDLE)
+                log.debug("agent %s busy: idle waiter registered", d.agent)
+                batch.stop(d.agent, WakeOutcome.WAITING_FOR_IDLE)
         if not held:
             return
         try:
-            live = set(self._coord.leases.live_among([w.agent for w in held],
-                                                     now_ms=self._clock() - LIVE_SLACK_MS))
-            for wake in held:
-                if wake.agent not in live:
-                    wake.stop(WakeOutcome.NOT_LIVE)
-            self._append_fenced([wake for wake in held if wake.stage is Stage.DUE])
+            live = self._coord.live_agents([d.agent for d in held], self._clock())
+            for d in held:
+                if d.agent not in live:
+                    batch.stop(d.agent, WakeOutcome.NOT_LIVE)
+            appended = self._append_fenced([d for d in held if d.agent in live], batch)
         finally:
-            released = phase.release_many([w.agent for w in held], "maintenance", token)
-            woken = [wake.agent for wake, release in zip(held, released, strict=True)
-                     if release is Release.WAITER_WOKEN]
-            if woken:
-                self._coord.trigger_many(woken)
-        self._barrier([wake for wake in held if wake.stage is Stage.APPENDED])
+            self._coord.end_maintenance([d.agent for d in held], token)
+        self._barrier(appended, batch)
 
-    def _append_fenced(self, wakes: list[AgentWake]) -> None:
+    def _append_fenced(self, due: list[Due], batch: _Batch) -> list[str]:
         """Write each agent's followup, then append its dispatch fenced at the length it
-        decided on. An agent whose append met another writer decides again once that
-        writer's suffix is confirmed, the way a tool retries (``FENCE_ATTEMPTS`` attempts
-        in all); its followup written before stays without a dispatch, and the host
-        drops it."""
-        for attempt in range(FENCE_ATTEMPTS):
-            if attempt:
-                wakes = self._redecide(wakes)
-            self._plan(wakes)
-            wakes = self._write_and_append([w for w in wakes if w.stage is Stage.DUE])
-            if not wakes:
-                return
-        for wake in wakes:
-            log.warning("dispatch for %s: the log kept moving under %d attempts",
-                        wake.agent, FENCE_ATTEMPTS)
-            wake.stop(WakeOutcome.DISPATCH_ABANDONED)
+        decided on; returns the agents appended. An agent whose append met another writer
+        decides again once that writer's suffix is confirmed, the way a tool retries
+        (``FENCE_ATTEMPTS`` attempts in all); its followup written before stays without a
+        dispatch, and the host drops it."""
+        appended: list[str] = []
 
-    def _redecide(self, wakes: list[AgentWake]) -> list[AgentWake]:
+        def attempt(n: int, due: list[Due]) -> list[Due]:
+            if n:
+                due = self._redecide(due, batch)
+            return self._write_and_append(self._plan(due, batch), batch, appended)
+
+        for d in retry_fenced_many(due, attempt):
+            log.warning("dispatch for %s: the log kept moving under %d attempts",
+                        d.agent, FENCE_ATTEMPTS)
+            batch.stop(d.agent, WakeOutcome.DISPATCH_ABANDONED)
+        return appended
+
+    def _redecide(self, due: list[Due], batch: _Batch) -> list[Due]:
         """Confirm the conflicting writers' suffixes, read and decide again: the agents
         still due. One found with nothing due any more gets the full check next round."""
-        unflushed = flush_each(self._store, [wake.agent for wake in wakes])
+        reads = self._tx.preflight([d.agent for d in due])
         now = self._clock()
-        for wake in wakes:
-            with log_context(agent=wake.agent):
-                try:
-                    if wake.agent in unflushed:
-                        raise unflushed[wake.agent]
-                    wake.session, wake.state = self._store.load(wake.agent)
-                except (PersistenceError, ScheduleLogError) as exc:
-                    log.log(_level(exc), "re-fold for %s failed: %s", wake.agent, exc)
-                    wake.stop(WakeOutcome.DISPATCH_ABANDONED)
-                    continue
-            assert wake.state is not None
-            decision = due_decision(wake.state, now)
+        still: list[Due] = []
+        for d in due:
+            read = reads[d.agent]
+            if isinstance(read, (PersistenceError, ScheduleLogError)):
+                with log_context(agent=d.agent):
+                    log.log(_level(read), "re-fold for %s failed: %s", d.agent, read)
+                batch.stop(d.agent, WakeOutcome.DISPATCH_ABANDONED)
+                continue
+            if isinstance(read, Exception):
+                raise read
+            decision = due_decision(read.state, now)
             if isinstance(decision, Wait):
-                wake.stage = Stage.CHECK  # nothing due any more: the next check settles it
+                batch.going[d.agent] = Stage.CHECK  # the next check settles it
             else:
-                wake.decision, wake.decided_ms = decision, now
-        return [wake for wake in wakes if wake.stage is Stage.DUE]
+                still.append(Due(agent=d.agent, read=read, decision=decision,
+                                 decided_ms=now))
+        return still
 
-    def _plan(self, wakes: list[AgentWake]) -> None:
+    def _plan(self, due: list[Due], batch: _Batch) -> list[Planned]:
         """Frame each agent's dispatch; one that cannot be framed writes nothing."""
-        for wake in wakes:
-            assert wake.decision is not None
+        planned: list[Planned] = []
+        for d in due:
             try:
-                wake.plan = plan_dispatch(wake.decision)
+                planned.append(Planned(due=d, plan=plan_dispatch(d.decision)))
             except FramingError:
-                with log_context(agent=wake.agent):
-                    log.exception("framing failed for %s; nothing written", wake.agent)
-                wake.stop(WakeOutcome.DISPATCH_ABANDONED)
+                with log_context(agent=d.agent):
+                    log.exception("framing failed for %s; nothing written", d.agent)
+                batch.stop(d.agent, WakeOutcome.DISPATCH_ABANDONED)
+        return planned
 
-    def _write_and_append(self, wakes: list[AgentWake]) -> list[AgentWake]:
+    def _write_and_append(
+        self, planned: list[Planned], batch: _Batch, appended: list[str]
+    ) -> list[Due]:
         """The followups to Redis in one call, before any append; then each dispatch's
         fenced append. Returns the agents whose append met another writer."""
-        if not wakes:
+        if not planned:
             return []
         reach(Failpoint.BEFORE_FOLLOWUP)
         # Announced once the transaction lets the agents go (``_announce``).
-        self._coord.followups.add_many([(wake.agent, plan.text, plan.pairs)
-                                        for wake in wakes if (plan := wake.plan)])
+        self._coord.write_followups([(p.agent, p.plan.text, p.plan.pairs) for p in planned])
         written_ms = self._clock()
         reach(Failpoint.AFTER_FOLLOWUP)
-        conflicted: list[AgentWake] = []
-        for wake in wakes:
-            assert wake.plan is not None
-            schedule_ids = ",".join(pair.scheduleId for pair in wake.plan.pairs)
-            with log_context(agent=wake.agent, schedule_id=schedule_ids):
-                if self._append(wake, written_ms):
-                    conflicted.append(wake)
+        conflicted: list[Due] = []
+        for p in planned:
+            schedule_ids = ",".join(pair.scheduleId for pair in p.plan.pairs)
+            with log_context(agent=p.agent, schedule_id=schedule_ids):
+                if self._append(p, batch):
+                    conflicted.append(p.due)
+                elif batch.going.get(p.agent) is Stage.APPENDED:
+                    appended.append(p.agent)
+                    self._record_dispatch(p, written_ms)
         return conflicted
 
-    def _append(self, wake: AgentWake, written_ms: int) -> bool:
+    def _append(self, planned: Planned, batch: _Batch) -> bool:
         """The fenced append of one agent's dispatch: ``APPENDED`` once written, stopped
         when abandoned; True when another writer came between."""
-        assert wake.plan is not None and wake.session is not None
-        agent, plan = wake.agent, wake.plan
-        events = [NewEvent(type=SCHEDULE_CHANGE, time=wake.decided_ms, data=encode_change(c))
-                  for c in plan.changes]
+        agent, due = planned.agent, planned.due
+        events = [NewEvent(type=SCHEDULE_CHANGE, time=due.decided_ms, data=encode_change(c))
+                  for c in planned.plan.changes]
         try:
-            self._store.append(agent, events, expected_seq=len(wake.session.events))
+            self._tx.append(agent, due.read, events)
         except FenceConflict as conflict:
             log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, conflict)
             return True
@@ -491,36 +510,35 @@ class DueOwner:
             # The followup may already be read; with no dispatch the host drops it.
             log.log(_level(exc, logging.ERROR), "dispatch append for %s abandoned: %s",
                     agent, exc)
-            wake.stop(WakeOutcome.DISPATCH_ABANDONED)
+            batch.stop(agent, WakeOutcome.DISPATCH_ABANDONED)
             return False
         reach(Failpoint.AFTER_APPEND)
-        wake.stage, wake.announce = Stage.APPENDED, True
-        self._record_dispatch(wake, written_ms)
+        batch.going[agent] = Stage.APPENDED
+        batch.announce.add(agent)
         return False
 
-    def _record_dispatch(self, wake: AgentWake, written_ms: int) -> None:
-        assert wake.plan is not None
-        pairs = wake.plan.pairs
+    def _record_dispatch(self, planned: Planned, written_ms: int) -> None:
+        pairs = planned.plan.pairs
         recorder = metrics.get()
         if recorder.enabled:
-            kind = "one-shot" if isinstance(wake.decision, DispatchOne) else "batch"
+            kind = "one-shot" if isinstance(planned.due.decision, DispatchOne) else "batch"
             recorder.dispatched(kind, metrics.lateness_s(
                 written_ms, [pair.occurrenceAt for pair in pairs]))
         log.info("dispatched %s for %s", ", ".join(pair.scheduleId for pair in pairs),
-                 wake.agent)
+                 planned.agent)
 
-    def _barrier(self, wakes: list[AgentWake]) -> None:
+    def _barrier(self, agents: list[str], batch: _Batch) -> None:
         """The barrier flushes, together: a dispatch confirmed is checked again next
         round; one whose flush failed stops its agent (its host confirms it with its own
         flush before delivering)."""
-        failed = flush_each(self._store, [wake.agent for wake in wakes])
-        for wake in wakes:
-            if wake.agent in failed:
-                log.log(_level(failed[wake.agent]), "dispatch barrier for %s failed: %s",
-                        wake.agent, failed[wake.agent].reason)
-                wake.stop(WakeOutcome.BARRIER_FAILED)
+        failed = self._tx.barrier(agents)
+        for agent in agents:
+            if agent in failed:
+                log.log(_level(failed[agent]), "dispatch barrier for %s failed: %s", agent,
+                        failed[agent].reason)
+                batch.stop(agent, WakeOutcome.BARRIER_FAILED)
             else:
-                wake.stage = Stage.RECHECK
+                batch.going[agent] = Stage.RECHECK
 
 
 def _level(exc: BaseException, level: int = logging.WARNING) -> int:

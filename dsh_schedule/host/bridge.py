@@ -44,12 +44,12 @@ from dsh_schedule.shared.coordination.leases import (
 )
 from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
-from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.transaction import OwedRearms
 
 log = logging.getLogger(__name__)
 

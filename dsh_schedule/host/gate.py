@@ -33,11 +33,10 @@ from dsh_schedule.shared.coordination.outage import is_outage
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
 from dsh_schedule.shared.core.ledger import ledger_of, reminder_source
-from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.transaction import LogTransactions, Read
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +145,12 @@ class DeliveryGate:
         clock: Clock,
         consumer: str,
     ) -> None:
-        self._store = store
         self._coord = coordination
         self._settings = settings
         self._clock = clock
         self._consumer = consumer
         self._failures = _FailedDeliveries(clock, settings.followup_stale_s)
+        self._tx = LogTransactions(store, coordination, clock)
 
     def has_followup(self, agent: str) -> bool:
         """Whether this host can take one of the agent's followups now: one it read and
@@ -225,7 +224,7 @@ class DeliveryGate:
         decided = _Decided()
         decided.failed.extend(waiting)  # a failed delivery waiting out its backoff
         try:
-            decided.busy = self._coord.locks.each_held(
+            decided.busy = self._tx.each_held(
                 with_entries, lambda held: self._decide_held(held, reads, decided),
                 wait_s=self._settings.tool_lock_wait_s)
         except redis.RedisError as exc:  # an outage (``_decide`` raises no other)
@@ -254,7 +253,7 @@ class DeliveryGate:
         its agent: a flush that succeeds after a failed one does not prove the earlier
         bytes durable."""
         decided.looked.extend(agents)
-        unflushed = flush_each(self._store, agents)
+        unflushed = self._tx.preflight_flush(agents)
         for agent in agents:
             if agent in unflushed and disk_outage_errno(unflushed[agent]):
                 decided.unwritable[agent] = unflushed[agent]
@@ -265,7 +264,7 @@ class DeliveryGate:
             else:
                 self._decide(agent, reads[agent], decided)
         delivered = [agent for agent in agents if agent in decided.delivered]
-        for agent, exc in flush_each(self._store, delivered).items():
+        for agent, exc in self._tx.barrier(delivered).items():
             # The message is appended: the turn must run. The next preflight confirms
             # its durability.
             log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
@@ -298,7 +297,7 @@ class DeliveryGate:
             decided.again.append(agent)
 
     def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
-        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+        with self._tx.hold(agent, wait_s=self._settings.tool_lock_wait_s):
             return self._gate_held(agent, entry, own_flushes=True)
 
     def _gate_held(
@@ -309,13 +308,7 @@ class DeliveryGate:
         at once."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
-            delivery = retry_fenced(
-                f"delivery for {agent}",
-                # A caller that flushes has flushed already; a retry flushes anew, to
-                # confirm the conflicting writer's suffix.
-                lambda n: self._deliver(agent, entry, preflight=own_flushes or n > 0,
-                                        barrier=own_flushes),
-            )
+            delivery = self._deliver(agent, entry, own_flushes=own_flushes)
         recorder = metrics.get()
         if recorder.enabled:
             if delivery is None:
@@ -327,39 +320,47 @@ class DeliveryGate:
                 recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
         return delivery
 
-    def _deliver(
-        self, agent: str, entry: FollowupEntry, *, preflight: bool, barrier: bool
-    ) -> Delivery | None:
+    def _deliver(self, agent: str, entry: FollowupEntry, *, own_flushes: bool
+                 ) -> Delivery | None:
         """Append the entry as the user/message of a new turn if the log says it is due
-        for delivery; None when it is to be dropped. ``FenceConflict`` re-decides."""
-        if preflight:
-            self._store.flush(agent)
-        session, _state = self._store.load(agent)
-        ledger = ledger_of(session)
-        if not ledger.deliverable(entry.pairs):
-            # No dispatch covers it (an abandoned attempt), it is already delivered, or it
-            # is not the complete batch the log recorded.
-            log.info("dropping followup %s for %s", entry.entry_id, agent)
-            return None
-        turn = len(session.events)
-        now = self._clock()
-        events = [
-            NewEvent(type=TURN_START, time=now, data={"turn": turn}),
-            NewEvent(type=USER_MESSAGE, time=now, data={
-                "content": [{"type": "text", "text": entry.text}],
-                "source": reminder_source(entry.pairs),
-            }),
-        ]
-        appended = self._store.append(agent, events, expected_seq=turn)
-        if barrier:
-            self._barrier(agent)
-        log.info("delivered followup %s for %s", entry.entry_id, agent)
-        return Delivery(text=entry.text, pairs=entry.pairs, turn=turn, events=appended)
+        for delivery; None when it is to be dropped. A fence conflict re-decides."""
 
-    def _barrier(self, agent: str) -> None:
-        try:
-            self._store.flush(agent)
-        except PersistenceError as exc:
-            # The message is appended: the turn must run. The next preflight confirms
-            # its durability.
-            log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
+        def decide(read: Read) -> tuple[NewEvent, ...] | None:
+            if not deliverable(entry, read):
+                log.info("dropping followup %s for %s", entry.entry_id, agent)
+                return None
+            return delivery_events(entry, read, self._clock())
+
+        # A caller that flushes has flushed already; a retry flushes anew, to confirm the
+        # conflicting writer's suffix.
+        written = self._tx.fenced(agent, decide, what=f"delivery for {agent}",
+                                  flush=lambda n: own_flushes or n > 0)
+        if written is None:
+            return None
+        read, appended = written
+        if own_flushes:
+            for failed in self._tx.barrier([agent]).values():
+                # The message is appended: the turn must run. The next preflight confirms
+                # its durability.
+                log.warning("delivery barrier for %s failed: %s", agent, failed.reason)
+        log.info("delivered followup %s for %s", entry.entry_id, agent)
+        return Delivery(text=entry.text, pairs=entry.pairs, turn=read.length, events=appended)
+
+
+def deliverable(entry: FollowupEntry, read: Read) -> bool:
+    """Whether the log holds a dispatch for each of the entry's reminders and no delivered
+    message covers them. Not so: no dispatch covers it (an abandoned attempt), it is
+    already delivered, or it is not the complete batch the log recorded."""
+    return ledger_of(read.session).deliverable(entry.pairs)
+
+
+def delivery_events(entry: FollowupEntry, read: Read, now: int) -> tuple[NewEvent, ...]:
+    """The ``turn/start`` and reminder ``user/message`` of the new turn that delivers
+    ``entry``, appended at the end of ``read``."""
+    return (
+        NewEvent(type=TURN_START, time=now, data={"turn": read.length}),
+        NewEvent(type=USER_MESSAGE, time=now, data={
+            "content": [{"type": "text", "text": entry.text}],
+            "source": reminder_source(entry.pairs),
+        }),
+    )

@@ -24,13 +24,13 @@ from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.owed import OwedRearms
 from dsh_schedule.shared.core.catalog import ToolDefinition, tool_definitions
 from dsh_schedule.shared.core.errors import ScheduleError
 from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.transaction import OwedRearms
 
 # Agents disposed of together: a few round trips each, whatever the number of agents.
 DISPOSE_BATCH: Final = 1000

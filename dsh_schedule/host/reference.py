@@ -47,11 +47,11 @@ from dsh_schedule.shared.core.events import (
     NewEvent,
 )
 from dsh_schedule.shared.core.views import ToolResult
-from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.transaction import retry_fenced
 
 log = logging.getLogger(__name__)
 

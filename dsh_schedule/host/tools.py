@@ -1,10 +1,9 @@
 """The management transactions (docs/architecture.md#management-tools): create, list,
 delete and, with the lifecycle, update.
 
-Shape checks run before the queue. Then, holding the per-agent lock: preflight flush,
-fold, one ``now`` sample, a fenced append, the barrier flush, and the re-arm from the latest
-confirmed fold (owed, and retried once Redis answers, when it fails).
-A fence conflict re-reads, re-folds and re-decides; it is not an error.
+Shape checks run before the queue. Then each call is one log transaction
+(``shared/transaction.py``) whose decider, a pure function of the read log and one ``now``
+sample, says what to append and what to answer once it is confirmed.
 
 Every call is counted and timed by tool and answer code when metrics are on, and lines it
 logs carry the agent and, once known, the schedule id (docs/architecture.md#operations).
@@ -22,11 +21,10 @@ import redis
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.lock import HeldLock, LockUnavailable
-from dsh_schedule.shared.coordination.owed import OwedRearms
-from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, ToolError
-from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, Session
-from dsh_schedule.shared.core.fold import FoldState, fold_events
+from dsh_schedule.shared.coordination.lock import LockUnavailable
+from dsh_schedule.shared.core.errors import ScheduleLogError, ToolError
+from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent
+from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.records import (
     CreateChange,
     DeleteChange,
@@ -34,13 +32,18 @@ from dsh_schedule.shared.core.records import (
     encode_change,
 )
 from dsh_schedule.shared.core.requests import (
+    CreateRequest,
     build_create,
     parse_create_args,
     parse_delete_args,
     parse_list_args,
 )
 from dsh_schedule.shared.core.timecontext import derive_zone_context, implicit_zone
-from dsh_schedule.shared.core.update_requests import decide_update, parse_update_args
+from dsh_schedule.shared.core.update_requests import (
+    UpdateRequest,
+    decide_update,
+    parse_update_args,
+)
 from dsh_schedule.shared.core.views import (
     ToolResult,
     delete_value,
@@ -50,32 +53,21 @@ from dsh_schedule.shared.core.views import (
     schedule_view,
     update_not_found_value,
 )
-from dsh_schedule.shared.fencing import FenceRetriesExhausted, retry_fenced
 from dsh_schedule.shared.logging_setup import add_log_context, log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.transaction import (
+    Decision,
+    FenceRetriesExhausted,
+    LogTransactions,
+    OwedRearms,
+    PersistenceUncertain,
+    Read,
+)
 
 log = logging.getLogger(__name__)
 
 CLOSED_MESSAGE: Final = "Schedule is no longer available in this agent; nothing was changed."
-
-
-class _Uncertain(Exception):
-    """Preflight or barrier failed: the answer is persistence_uncertain."""
-
-    def __init__(self, schedule_id: str | None = None) -> None:
-        self.schedule_id = schedule_id
-
-
-class _LatestFold:
-    """The latest confirmed fold of a transaction: what the re-arm recomputes from when
-    it ends (None: nothing was confirmed, nothing to re-arm)."""
-
-    def __init__(self) -> None:
-        self.state: FoldState | None = None
-
-    def confirmed(self, state: FoldState) -> None:
-        self.state = state
 
 
 class ScheduleTools:
@@ -100,14 +92,12 @@ class ScheduleTools:
     ) -> None:
         self.calendar = settings.calendar if calendar is None else calendar
         self.lifecycle = settings.lifecycle if lifecycle is None else lifecycle
-        # Told each re-arm's fold: the host's watchdog keeps the agent's next due moment.
-        self._watch = watch
-        self._store = store
-        self._coord = coordination
+        # ``watch`` is told each re-arm's fold: the host's watchdog keeps the agent's next
+        # due moment. ``owed``: the re-arms Redis failed, repaid by ``repay_owed``.
+        self._tx = LogTransactions(store, coordination, clock, owed=owed, watch=watch)
+        self.owed = self._tx.owed
         self._settings = settings
-        self._clock = clock
         self._closed = False
-        self.owed = OwedRearms() if owed is None else owed
 
     def close(self) -> None:
         """Stop new work: later calls answer ``internal_error`` and touch nothing."""
@@ -124,26 +114,26 @@ class ScheduleTools:
             recorder.tool_call(tool, str(code), time.perf_counter() - started)
         return result
 
+    def repay_owed(self) -> list[str]:
+        """Wake every agent whose re-arm failed (``OwedRearms.repay``): nothing is sent
+        when none is owed, so a host calls it on every pass of its loop. Raises
+        ``redis.RedisError`` while Redis does not answer (the agents stay owed)."""
+        return self._tx.repay_owed()
+
     def _call(self, agent: str, tool: str, args: Any) -> ToolResult:
         operation = tool.removeprefix("schedule_")
         if self._closed:
             return error_result(ToolError("internal_error", CLOSED_MESSAGE))
         try:
-            if tool == "schedule_create":
-                return self._create(agent, args)
-            if tool == "schedule_list":
-                return self._list(agent, args)
-            if tool == "schedule_delete":
-                return self._delete(agent, args)
-            if tool == "schedule_update" and self.lifecycle:
-                return self._update(agent, args)
-            return error_result(ToolError("invalid_selector", f"Unknown tool {tool!r}."))
+            decide = self._decider(tool, args)
+            return self._tx.transact(agent, decide, what=f"{operation} for {agent}",
+                                     wait_s=self._settings.tool_lock_wait_s)
         except ToolError as err:
             return error_result(err)
-        except _Uncertain as unc:
+        except PersistenceUncertain as unc:
             extra: dict[str, Any] = {"operation": operation}
-            if unc.schedule_id is not None:
-                extra["id"] = unc.schedule_id
+            if unc.subject is not None:
+                extra["id"] = unc.subject
             return error_result(ToolError("persistence_uncertain", **extra))
         except ScheduleLogError as exc:
             log.error("corrupt schedule log for %s: %s", agent, exc)
@@ -162,152 +152,87 @@ class ScheduleTools:
             log.exception("unexpected failure in %s for %s", tool, agent)
             return error_result(ToolError("internal_error"))
 
-    # -- transactions ---------------------------------------------------------------
+    def _decider(self, tool: str, args: Any) -> Callable[[Read, int], Decision[ToolResult]]:
+        """The decider of a well-formed call; shape errors are ``ToolError``s, raised
+        before any lock is taken."""
+        if tool == "schedule_create":
+            return create_decider(parse_create_args(
+                args, max_prompt_bytes=self._settings.max_prompt_bytes,
+                calendar=self.calendar, lifecycle=self.lifecycle),
+                max_active=self._settings.max_active if self.lifecycle else None)
+        if tool == "schedule_list":
+            parse_list_args(args)
+            return decide_list
+        if tool == "schedule_delete":
+            schedule_id = parse_delete_args(args)
+            add_log_context(schedule_id=schedule_id)
+            return delete_decider(schedule_id)
+        if tool == "schedule_update" and self.lifecycle:
+            request = parse_update_args(
+                args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar)
+            add_log_context(schedule_id=request.id)
+            return update_decider(request)
+        raise ToolError("invalid_selector", f"Unknown tool {tool!r}.")
 
-    def _create(self, agent: str, args: Any) -> ToolResult:
-        request = parse_create_args(
-            args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar,
-            lifecycle=self.lifecycle)
-        max_active = self._settings.max_active if self.lifecycle else None
 
-        def attempt(latest: _LatestFold) -> ToolResult:
-            session, state = self._preflight(agent, latest)
-            now = self._clock()
+# -- the deciders: pure functions of (read, now) -------------------------------------------
 
-            def zone() -> str:
-                return implicit_zone(derive_zone_context(session))
 
-            change = build_create(request, state, now, zone, max_active=max_active)
-            add_log_context(schedule_id=change.schedule.id)
-            state = self._append(agent, session, state, change, now)
-            self._barrier(agent, change.schedule.id)
-            latest.confirmed(state)
-            return ok_result(schedule_view(change.schedule, state, now))
+def create_decider(
+    request: CreateRequest, *, max_active: int | None
+) -> Callable[[Read, int], Decision[ToolResult]]:
+    """A create: the record ``build_create`` makes at ``now``, answered with its view in
+    the fold that holds it."""
 
-        return self._transaction(agent, "create", attempt)
+    def decide(read: Read, now: int) -> Decision[ToolResult]:
+        def zone() -> str:
+            return implicit_zone(derive_zone_context(read.session))
 
-    def _list(self, agent: str, args: Any) -> ToolResult:
-        parse_list_args(args)
+        change = build_create(request, read.state, now, zone, max_active=max_active)
+        return Decision(events=(_change_event(change, now),), subject=change.schedule.id,
+                        then=lambda after: ok_result(schedule_view(change.schedule, after, now)))
 
-        def attempt(latest: _LatestFold) -> ToolResult:
-            _session, state = self._preflight(agent, latest)
-            return ok_result(list_value(state, self._clock()))
+    return decide
 
-        return self._transaction(agent, "list", attempt)
 
-    def _delete(self, agent: str, args: Any) -> ToolResult:
-        schedule_id = parse_delete_args(args)
-        add_log_context(schedule_id=schedule_id)
+def decide_list(read: Read, now: int) -> Decision[ToolResult]:
+    """A list writes nothing: the schedules of the confirmed fold."""
+    return Decision(events=(), then=lambda state: ok_result(list_value(state, now)))
 
-        def attempt(latest: _LatestFold) -> ToolResult:
-            session, state = self._preflight(agent, latest)
-            now = self._clock()
-            if state.find(schedule_id) is None:
-                return ok_result(delete_value(schedule_id, deleted=False))
-            state = self._append(agent, session, state, DeleteChange(id=schedule_id), now)
-            self._barrier(agent, schedule_id)
-            latest.confirmed(state)
-            return ok_result(delete_value(schedule_id, deleted=True))
 
-        return self._transaction(agent, "delete", attempt)
+def delete_decider(schedule_id: str) -> Callable[[Read, int], Decision[ToolResult]]:
+    """A delete: a delete record when the schedule is active, otherwise nothing."""
 
-    def _update(self, agent: str, args: Any) -> ToolResult:
-        request = parse_update_args(
-            args, max_prompt_bytes=self._settings.max_prompt_bytes, calendar=self.calendar)
-        add_log_context(schedule_id=request.id)
+    def decide(read: Read, now: int) -> Decision[ToolResult]:
+        if read.state.find(schedule_id) is None:
+            return Decision(events=(), then=lambda _state: ok_result(
+                delete_value(schedule_id, deleted=False)))
+        return Decision(events=(_change_event(DeleteChange(id=schedule_id), now),),
+                        subject=schedule_id, then=lambda _state: ok_result(
+                            delete_value(schedule_id, deleted=True)))
 
-        def attempt(latest: _LatestFold) -> ToolResult:
-            session, state = self._preflight(agent, latest)
-            now = self._clock()
+    return decide
 
-            def zone() -> str:
-                return implicit_zone(derive_zone_context(session))
 
-            decision = decide_update(request, state, now, zone)
-            if isinstance(decision, str):  # NOT_FOUND
-                return ok_result(update_not_found_value(request.id))
-            record, change = decision
-            if change is not None:
-                state = self._append(agent, session, state, change, now)
-                self._barrier(agent, request.id)
-                latest.confirmed(state)
-            return ok_result(schedule_view(record, state, now))
+def update_decider(request: UpdateRequest) -> Callable[[Read, int], Decision[ToolResult]]:
+    """An update: only what changed appended (``decide_update``), answered with the
+    record's view; an id not active after the preflight is not found."""
 
-        return self._transaction(agent, "update", attempt)
+    def decide(read: Read, now: int) -> Decision[ToolResult]:
+        def zone() -> str:
+            return implicit_zone(derive_zone_context(read.session))
 
-    # -- steps ----------------------------------------------------------------------
+        decision = decide_update(request, read.state, now, zone)
+        if isinstance(decision, str):  # NOT_FOUND
+            return Decision(events=(), then=lambda _state: ok_result(
+                update_not_found_value(request.id)))
+        record, change = decision
+        events = () if change is None else (_change_event(change, now),)
+        return Decision(events=events, subject=request.id,
+                        then=lambda state: ok_result(schedule_view(record, state, now)))
 
-    def _transaction(
-        self, agent: str, operation: str, attempt: Callable[[_LatestFold], ToolResult]
-    ) -> ToolResult:
-        """Run ``attempt`` under the agent's lock, re-deciding on fence conflicts, then
-        re-arm. Once an attempt has answered, nothing that fails while finishing (the
-        re-arm, the lock's release) changes the answer: the log already holds what it
-        confirmed (docs/architecture.md#outages)."""
-        latest = _LatestFold()
-        with self._coord.locks.hold(agent, wait_s=self._settings.tool_lock_wait_s) as held:
-            try:
-                return retry_fenced(f"{operation} for {agent}", lambda _n: attempt(latest))
-            finally:
-                self._rearm(agent, latest, held)
+    return decide
 
-    def _rearm(self, agent: str, latest: _LatestFold, held: HeldLock) -> None:
-        """Re-arm from the latest confirmed fold (the preflight's, or the mutation's once
-        its barrier passed), releasing the lock in the re-arm's own
-        write; a failure here is logged, never answered, and the re-arm is owed: retried
-        by ``repay_owed`` once Redis answers (docs/architecture.md#owed-re-arms)."""
-        if latest.state is None:
-            return
-        if self._watch is not None:
-            self._watch(agent, latest.state)
-        try:
-            self._coord.rearm(agent, latest.state, self._clock(), release=held)
-        except redis.RedisError as exc:
-            metrics.get().redis_error()
-            self.owed.owe([agent])
-            log.warning("re-arm for %s failed (%s); it is woken once Redis answers",
-                        agent, type(exc).__name__)
-        except Exception:
-            self.owed.owe([agent])
-            log.exception("re-arm for %s failed; it is woken again", agent)
 
-    def repay_owed(self) -> list[str]:
-        """Wake every agent whose re-arm failed (``OwedRearms.repay``): nothing is sent
-        when none is owed, so a host calls it on every pass of its loop. Raises
-        ``redis.RedisError`` while Redis does not answer (the agents stay owed)."""
-        return self.owed.repay(self._coord)
-
-    def _preflight(self, agent: str, latest: _LatestFold) -> tuple[Session, FoldState]:
-        """Flush, then fold the confirmed log; a successful preflight asks for a recompute."""
-        try:
-            self._store.flush(agent)
-            session, state = self._store.load(agent)
-        except PersistenceError as exc:
-            log.warning("preflight failed for %s: %s", agent, exc.reason)
-            raise _Uncertain() from None
-        latest.confirmed(state)
-        return session, state
-
-    def _append(
-        self,
-        agent: str,
-        session: Session,
-        state: FoldState,
-        change: CreateChange | DeleteChange | UpdateChange,
-        now: int,
-    ) -> FoldState:
-        event = NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(change))
-        try:
-            appended = self._store.append(agent, [event], expected_seq=len(session.events))
-        except PersistenceError as exc:
-            log.warning("append failed for %s: %s", agent, exc.reason)
-            raise _Uncertain() from None
-        return fold_events(state, appended)
-
-    def _barrier(self, agent: str, schedule_id: str) -> None:
-        try:
-            self._store.flush(agent)
-        except PersistenceError as exc:
-            log.warning("barrier failed for %s: %s", agent, exc.reason)
-            raise _Uncertain(schedule_id) from None
-
+def _change_event(change: CreateChange | DeleteChange | UpdateChange, now: int) -> NewEvent:
+    return NewEvent(type=SCHEDULE_CHANGE, time=now, data=encode_change(change))

@@ -34,9 +34,9 @@ from dsh_schedule.shared.core.events import (
     USER_MESSAGE,
     NewEvent,
 )
-from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.store.codec import clip_nesting
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.transaction import retry_fenced
 
 ASSISTANT_MESSAGE: Final = "assistant/message"
 TOOL_CALL: Final = "tool/call"

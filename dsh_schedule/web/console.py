@@ -57,10 +57,10 @@ from dsh_schedule.shared.core.events import (
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.instant import format_instant, to_ms
 from dsh_schedule.shared.core.timesel import is_valid_zone, load_zone
-from dsh_schedule.shared.fencing import retry_fenced
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.naming import is_database_url, store_from_settings
 from dsh_schedule.shared.store.port import SessionExists
+from dsh_schedule.shared.transaction import retry_fenced
 from dsh_schedule.status import Status, read_status, write_heartbeat
 from dsh_schedule.web import model, pages
 

@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from dsh_schedule.shared.coordination.clock import SharedClock
-from dsh_schedule.shared.coordination.followups import Followups
+from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS, SharedClock
+from dsh_schedule.shared.coordination.followups import FollowupEntry, Followups, Pair
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
 from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock
-from dsh_schedule.shared.coordination.phase import AgentPhase
+from dsh_schedule.shared.coordination.phase import AgentPhase, Release
 from dsh_schedule.shared.coordination.unloaded import UnloadedTimers
 from dsh_schedule.shared.coordination.wake import Projection as Projection
 from dsh_schedule.shared.coordination.wake import WakeProjection
@@ -84,6 +84,41 @@ class Coordination:
         for agent, queue in zip(agents, self.leases.queues_of(list(agents)), strict=True):
             by_queue.setdefault(queue, []).append(agent)
         return self.wakes.trigger_many(by_queue)
+
+    # -- the due owner's verbs -------------------------------------------------------------
+
+    def live_agents(self, agents: Sequence[str], now_ms: int) -> set[str]:
+        """The agents a host holds a valid lease on at ``now_ms``, an expiry counted only
+        ``LIVE_SLACK_MS`` after it (two processes' readings of the shared clock differ by
+        up to a round trip); one round trip."""
+        return set(self.leases.live_among(list(agents), now_ms=now_ms - LIVE_SLACK_MS))
+
+    def claim_maintenance(self, agents: Sequence[str], token: str, ttl_s: float) -> list[bool]:
+        """Claim each agent's maintenance phase under ``token``, in one round trip: False
+        where a turn holds it (an idle waiter is registered)."""
+        return self.phase.claim_many(agents, "maintenance", token, ttl_s)
+
+    def end_maintenance(self, agents: Sequence[str], token: str) -> None:
+        """Release the maintenance phases ``token`` holds, in one round trip, and wake the
+        agents whose idle waiter the release woke."""
+        released = self.phase.release_many(agents, "maintenance", token)
+        woken = [agent for agent, release in zip(agents, released, strict=True)
+                 if release is Release.WAITER_WOKEN]
+        if woken:
+            self.trigger_many(woken)
+
+    def write_followups(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> None:
+        """Write ``(agent, text, pairs)`` followups in one round trip, unannounced
+        (``announce`` them once the agents are let go)."""
+        self.followups.add_many(items)
+
+    def followup_entries(self, agents: Sequence[str]) -> list[list[FollowupEntry]]:
+        """Each agent's followup entries, in one round trip."""
+        return self.followups.entries_many(agents)
+
+    def announce(self, agents: Sequence[str]) -> None:
+        """Tell the agents' hosts they have followups to deliver."""
+        self.followups.announce_many(agents)
 
     def projections(self, agents: Sequence[str]) -> list[Projection]:
         """The ``Projection`` of each agent (``WakeProjection.projections``)."""

@@ -1,0 +1,354 @@
+"""The log transaction, written once (docs/architecture.md#management-tools).
+
+Every write to a session log is the same fenced transaction, for one session or a batch:
+take the agents' locks, flush and load each log (the preflight), let a *decider* say what
+to append, append it fenced at the length the decision read, flush again (the barrier),
+re-arm from the latest confirmed fold. A fence conflict is normal, not an error: the
+session is flushed, loaded and decided again (``FENCE_ATTEMPTS`` attempts in all). A
+re-arm that cannot reach Redis after a durable write is owed (``OwedRearms``) and repaid
+once Redis answers (docs/architecture.md#owed-re-arms).
+
+The tools (``host/tools.py``), the due owner (``worker/due.py``) and the delivery gate
+(``host/gate.py``) are deciders run here; what differs between them is what they decide
+and what they answer, never how the log is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final, Generic, Protocol, TypeVar
+
+import msgspec
+import redis
+
+from dsh_schedule.shared import metrics
+from dsh_schedule.shared.clock import Clock
+from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.lock import HeldLock
+from dsh_schedule.shared.core.errors import (
+    FenceConflict,
+    PersistenceError,
+    ScheduleError,
+)
+from dsh_schedule.shared.core.events import Event, NewEvent, Session
+from dsh_schedule.shared.core.fold import FoldState, fold_events
+from dsh_schedule.shared.logging_setup import add_log_context
+from dsh_schedule.shared.store.flushing import flush_each
+from dsh_schedule.shared.store.port import SessionStore
+
+log = logging.getLogger(__name__)
+
+FENCE_ATTEMPTS: Final = 4
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+# -- fencing -------------------------------------------------------------------------------
+
+
+class FenceRetriesExhausted(ScheduleError):
+    """Every attempt of a fenced transaction met a conflicting writer."""
+
+    def __init__(self, what: str, attempts: int) -> None:
+        self.what = what
+        self.attempts = attempts
+        super().__init__(f"{what}: the log kept moving under {attempts} attempts")
+
+
+def retry_fenced(what: str, attempt: Callable[[int], T], *, attempts: int = FENCE_ATTEMPTS) -> T:
+    """Run ``attempt(n)`` for n = 0, 1, … until it returns without ``FenceConflict``.
+
+    Each attempt must re-read and re-decide from scratch: the decision is recomputed, so
+    a conflict can never slip a stale decision in.
+    """
+    for n in range(attempts):
+        try:
+            return attempt(n)
+        except FenceConflict as conflict:
+            log.info("%s: fence conflict (%s), re-deciding", what, conflict)
+    raise FenceRetriesExhausted(what, attempts)
+
+
+def retry_fenced_many(items: list[T], attempt: Callable[[int, list[T]], list[T]]) -> list[T]:
+    """``retry_fenced`` for a batch: ``attempt(n, items)`` returns the items whose append
+    met another writer, tried again (re-read and re-decided) up to ``FENCE_ATTEMPTS``
+    attempts in all; returns those that still met one at the last."""
+    for n in range(FENCE_ATTEMPTS):
+        items = attempt(n, items)
+        if not items:
+            return []
+    return items
+
+
+# -- owed re-arms --------------------------------------------------------------------------
+
+
+class Waker(Protocol):
+    def trigger_many(self, agents: list[str]) -> int:
+        """Enqueue immediate wakes for the agents; raises ``redis.RedisError``."""
+        ...
+
+
+class OwedRearms:
+    """The agents one process owes a re-arm, each from a moment on (at once, unless it
+    was owed for later: a worker's retry with backoff); thread-safe.
+
+    Remembered in memory by the process that made the durable write; if it dies first,
+    what it owed goes with it, and the agent's next lease wakes it instead."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owed: dict[str, int] = {}  # agent: owed from this epoch ms on (0: at once)
+
+    def owe(self, agents: Iterable[str], *, from_ms: int = 0) -> None:
+        """Owe each agent a wake from ``from_ms`` on; one owed sooner keeps its moment."""
+        with self._lock:
+            for agent in agents:
+                self._owed[agent] = min(self._owed.get(agent, from_ms), from_ms)
+
+    def owed(self) -> list[str]:
+        with self._lock:
+            return list(self._owed)
+
+    def repay(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
+        """Enqueue a wake for every agent owed one (by ``now_ms``, when given; nothing is
+        sent when none is); those agents are owed nothing more. A Redis failure keeps
+        them owed, and is raised."""
+        with self._lock:
+            agents = [agent for agent, at in self._owed.items()
+                      if now_ms is None or at <= now_ms]
+        if not agents:
+            return []
+        waker.trigger_many(agents)
+        with self._lock:
+            for agent in agents:
+                at = self._owed.get(agent)
+                if at is not None and (now_ms is None or at <= now_ms):
+                    del self._owed[agent]  # not owed again for later meanwhile
+        log.info("woke %d agent(s) whose re-arm had failed", len(agents))
+        return agents
+
+    def repay_quietly(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
+        """``repay``, a Redis failure left for the next try."""
+        try:
+            return self.repay(waker, now_ms=now_ms)
+        except redis.RedisError:
+            return []
+
+
+# -- what moves through a transaction ------------------------------------------------------
+
+
+class Read(msgspec.Struct, frozen=True):
+    """A session's log as one attempt read it, and its fold."""
+
+    session: Session
+    state: FoldState
+
+    @property
+    def length(self) -> int:
+        """The fence: the log's length this read saw."""
+        return len(self.session.events)
+
+
+@dataclass(frozen=True)
+class Decision(Generic[T]):
+    """What a decider wants written (``events``; none: nothing to write) and what it
+    answers once they are confirmed (``then``, given the fold after them).
+    ``subject``: the schedule the write is about, carried by a failed barrier."""
+
+    events: tuple[NewEvent, ...]
+    then: Callable[[FoldState], T]
+    subject: str | None = None
+
+
+class PersistenceUncertain(ScheduleError):
+    """A flush or write failed: the decision's write may or may not be durable.
+    ``subject`` is set once the write was made and only its barrier failed."""
+
+    def __init__(self, subject: str | None = None) -> None:
+        super().__init__("the session log could not confirm the write")
+        self.subject = subject
+
+
+# -- the engine ----------------------------------------------------------------------------
+
+
+class LogTransactions:
+    """The fenced transactions on the session logs of ``store``, coordinated by ``coord``.
+
+    ``watch`` is told each re-arm's fold (a host's watchdog keeps the agent's next due
+    moment); ``owed`` holds the re-arms Redis failed."""
+
+    def __init__(
+        self, store: SessionStore, coord: Coordination, clock: Clock, *,
+        owed: OwedRearms | None = None,
+        watch: Callable[[str, FoldState], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._coord = coord
+        self._clock = clock
+        self._watch = watch
+        self.owed = OwedRearms() if owed is None else owed
+
+    # locks
+
+    @contextmanager
+    def hold(self, agent: str, *, wait_s: float) -> Iterator[HeldLock]:
+        """The agent's lock for the block (``LockUnavailable`` after ``wait_s``)."""
+        with self._coord.locks.hold(agent, wait_s=wait_s) as held:
+            yield held
+
+    def each_held(
+        self, agents: Sequence[str], work: Callable[[list[str]], R], *, wait_s: float,
+        released: Callable[[R], None] | None = None,
+    ) -> list[str]:
+        """``work`` on the agents with their locks held: the free ones together, then
+        each busy one alone (``AgentLocks.each_held``); returns those still busy."""
+        return self._coord.locks.each_held(agents, work, wait_s=wait_s, released=released)
+
+    # preflight, append, barrier
+
+    def preflight_flush(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
+        """The preflight flushes, together; the failures, by agent. A failed one stops its
+        agent: a flush that succeeds after a failed one does not prove the earlier bytes
+        durable."""
+        return flush_each(self._store, agents)
+
+    def preflight(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
+        """Flush the agents' logs together, then load each: its ``Read``, or what failed
+        (the flush's or the load's ``PersistenceError``, a ``ScheduleLogError``, any
+        other error of that agent alone). ``redis.RedisError`` is raised."""
+        unflushed = self.preflight_flush(agents)
+        reads: dict[str, Read | Exception] = {}
+        for agent in agents:
+            failure = unflushed.get(agent)
+            if failure is not None:
+                reads[agent] = failure
+                continue
+            try:
+                reads[agent] = self.load(agent)
+            except redis.RedisError:
+                raise
+            except Exception as exc:
+                reads[agent] = exc
+        return reads
+
+    def load(self, agent: str) -> Read:
+        """The agent's log as this process sees it, unflushed."""
+        session, state = self._store.load(agent)
+        return Read(session, state)
+
+    def append(self, agent: str, read: Read, events: Sequence[NewEvent]) -> tuple[Event, ...]:
+        """Append ``events`` fenced at the length ``read`` saw (``FenceConflict`` when
+        another writer came between)."""
+        return self._store.append(agent, list(events), expected_seq=read.length)
+
+    def barrier(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
+        """The barrier flushes, together; the failures, by agent."""
+        return flush_each(self._store, agents)
+
+    def fenced(
+        self, agent: str, decide: Callable[[Read], Sequence[NewEvent] | None], *,
+        what: str, flush: Callable[[int], bool],
+    ) -> tuple[Read, tuple[Event, ...]] | None:
+        """Read, decide, append fenced, with the retry: the read the append was fenced at
+        and the events appended; None when the decision writes nothing. ``flush(n)``:
+        whether attempt ``n`` flushes before it reads (a retry does, to confirm the
+        conflicting writer's suffix)."""
+
+        def attempt(n: int) -> tuple[Read, tuple[Event, ...]] | None:
+            if flush(n):
+                self._store.flush(agent)
+            read = self.load(agent)
+            events = decide(read)
+            if events is None:
+                return None
+            return read, self.append(agent, read, events)
+
+        return retry_fenced(what, attempt)
+
+    # the whole transaction on one agent
+
+    def transact(
+        self, agent: str, decide: Callable[[Read, int], Decision[T]], *, what: str,
+        wait_s: float,
+    ) -> T:
+        """One agent's transaction: its lock, then (each fence conflict starting again)
+        the preflight, ``decide(read, now)``, the fenced append of its events and the
+        barrier, and last the re-arm from the latest confirmed fold, the lock released
+        in the re-arm's own write. A failed flush or write is ``PersistenceUncertain``.
+        Once the decision has answered, nothing that fails while finishing (the re-arm,
+        the lock's release) changes the answer (docs/architecture.md#outages)."""
+        latest: list[FoldState] = []  # the latest confirmed fold: what the re-arm uses
+        with self.hold(agent, wait_s=wait_s) as held:
+            try:
+                return retry_fenced(what, lambda _n: self._attempt(agent, decide, latest))
+            finally:
+                if latest:
+                    self.rearm(agent, latest[-1], release=held)
+
+    def _attempt(
+        self, agent: str, decide: Callable[[Read, int], Decision[T]], latest: list[FoldState]
+    ) -> T:
+        try:
+            self._store.flush(agent)
+            read = self.load(agent)
+        except PersistenceError as exc:
+            log.warning("preflight failed for %s: %s", agent, exc.reason)
+            raise PersistenceUncertain() from None
+        latest.append(read.state)
+        decision = decide(read, self._clock())
+        if not decision.events:
+            return decision.then(read.state)
+        if decision.subject is not None:
+            add_log_context(schedule_id=decision.subject)
+        try:
+            appended = self.append(agent, read, decision.events)
+        except PersistenceError as exc:
+            log.warning("append failed for %s: %s", agent, exc.reason)
+            raise PersistenceUncertain() from None
+        try:
+            self._store.flush(agent)
+        except PersistenceError as exc:
+            log.warning("barrier failed for %s: %s", agent, exc.reason)
+            raise PersistenceUncertain(decision.subject) from None
+        after = fold_events(read.state, appended)
+        latest.append(after)
+        return decision.then(after)
+
+    # re-arm
+
+    def rearm(self, agent: str, state: FoldState, *, release: HeldLock) -> None:
+        """Re-arm from ``state``, releasing the lock in the re-arm's own write; a failure
+        is logged, never raised, and the re-arm is owed."""
+        if self._watch is not None:
+            self._watch(agent, state)
+        try:
+            self._coord.rearm(agent, state, self._clock(), release=release)
+        except redis.RedisError as exc:
+            metrics.get().redis_error()
+            self.owed.owe([agent])
+            log.warning("re-arm for %s failed (%s); it is woken once Redis answers",
+                        agent, type(exc).__name__)
+        except Exception:
+            self.owed.owe([agent])
+            log.exception("re-arm for %s failed; it is woken again", agent)
+
+    def rearm_many(self, folds: Sequence[tuple[str, FoldState]]) -> None:
+        """Re-arm the agents from their folds in one write, their locks held; a Redis
+        failure is raised (the caller owes the whole batch)."""
+        self._coord.rearm_many(folds, self._clock())
+
+    def repay_owed(self, *, quietly: bool = False, now_ms: int | None = None) -> list[str]:
+        """Wake every agent owed a re-arm (by ``now_ms``, when given): nothing is sent
+        when none is. ``redis.RedisError`` keeps them owed, and is raised unless
+        ``quietly``."""
+        if quietly:
+            return self.owed.repay_quietly(self._coord, now_ms=now_ms)
+        return self.owed.repay(self._coord, now_ms=now_ms)
