@@ -26,7 +26,7 @@ import msgspec
 import redis
 
 from dsh_schedule.shared.coordination.keys import STREAM_GROUP, Keys
-from dsh_schedule.shared.coordination.scripts import lua, run_script_batch
+from dsh_schedule.shared.coordination.scripts import LuaScript
 from dsh_schedule.shared.core.ledger import Pair
 
 READY_MAXLEN: Final = 10_000
@@ -49,25 +49,15 @@ __all__ = [
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 _PAIRS_ENCODER: Final = msgspec.json.Encoder()
 
-# recount(), shared by every script that writes a followup stream.
-_COUNT: Final = lua("followup_count")  # lua/followup_count.lua
-_ADD: Final = _COUNT + lua("followup_add")  # lua/followup_count.lua, lua/followup_add.lua
-
-_ANNOUNCE: Final = lua("announce")  # lua/announce.lua
-
-_ANNOUNCE_STALE: Final = lua("announce_stale")  # lua/announce_stale.lua
-
-
-_DONE: Final = _COUNT + lua("followup_done")  # lua/followup_count.lua, lua/followup_done.lua
-
-_READ: Final = lua("followup_read")  # lua/followup_read.lua
-
-_XLEN: Final = lua("followup_length")  # lua/followup_length.lua
-
-_DROP: Final = _COUNT + lua("followup_drop")  # lua/followup_count.lua, lua/followup_drop.lua
-
-# lua/followup_count.lua, lua/followup_recount.lua
-_RECOUNT: Final = _COUNT + lua("followup_recount")
+# lua/followup_count.lua (recount) goes before every script that writes a followup stream.
+_ADD: Final = LuaScript("followup_count", "followup_add")
+_ANNOUNCE: Final = LuaScript("announce")
+_ANNOUNCE_STALE: Final = LuaScript("announce_stale")
+_DONE: Final = LuaScript("followup_count", "followup_done")
+_READ: Final = LuaScript("followup_read")
+_XLEN: Final = LuaScript("followup_length")
+_DROP: Final = LuaScript("followup_count", "followup_drop")
+_RECOUNT: Final = LuaScript("followup_count", "followup_recount")
 
 
 def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> FollowupEntry:
@@ -125,7 +115,6 @@ class Followups:
         # are routed (``Leases`` falls back to the same queue); '' announces it nowhere.
         self._default_queue = default_queue
         self._ready_maxlen = ready_maxlen
-        self._announce_stale = client.register_script(_ANNOUNCE_STALE)
 
     def add(self, agent: str, text: str, pairs: Sequence[Pair]) -> str:
         """Add an entry, then announce the agent on the ready stream of the queue its
@@ -139,7 +128,7 @@ class Followups:
         """Write many ``(agent, text, pairs)`` entries in one round trip (one script call),
         unannounced: the caller, which holds the agents, announces them with
         ``announce_many`` once it lets them go. The entry ids, in order."""
-        written = run_script_batch(self._client, _ADD, [
+        written = _ADD.run_items(self._client, [
             (self._counted(agent), [text.encode(), _encode_pairs(pairs), STREAM_GROUP, agent])
             for agent, text, pairs in items
         ])
@@ -158,7 +147,7 @@ class Followups:
         queues = {agent: _text(q) if isinstance(q, bytes | str) else ""
                   for agent, q in zip(pending, found, strict=True)}
         for _attempt in range(_ANNOUNCE_ATTEMPTS):
-            replies = run_script_batch(self._client, _ANNOUNCE, [
+            replies = _ANNOUNCE.run_items(self._client, [
                 ([self._keys.lease_queue(), self._keys.ready(queues[agent]),
                   self._keys.agent_host()],
                  [agent, queues[agent], self._ready_maxlen, self._default_queue])
@@ -233,7 +222,7 @@ class Followups:
         agents whose stream or its consumer group is missing."""
         found: dict[str, StreamRead] = {}
         ungrouped: list[str] = []
-        replies = run_script_batch(self._client, _READ, [
+        replies = _READ.run_items(self._client, [
             ([self._keys.followups(agent)], [STREAM_GROUP, consumer, count])
             for agent in agents
         ])
@@ -254,7 +243,7 @@ class Followups:
         """``done`` for many ``(agent, entry id)``, in one round trip."""
         if not entries:
             return
-        run_script_batch(self._client, _DONE, [(self._counted(agent),
+        _DONE.run_items(self._client, [(self._counted(agent),
                                                  [STREAM_GROUP, entry_id, agent])
                                                 for agent, entry_id in entries])
 
@@ -280,8 +269,7 @@ class Followups:
 
     def drop_many(self, agents: Sequence[str]) -> None:
         """Delete the followup streams of many agents, in one round trip."""
-        run_script_batch(self._client, _DROP,
-                         [(self._counted(agent), [agent]) for agent in agents])
+        _DROP.run_items(self._client, [(self._counted(agent), [agent]) for agent in agents])
 
     def waiting(self, agent: str) -> int:
         """How many entries the stream holds (delivered to a consumer or not)."""
@@ -289,8 +277,7 @@ class Followups:
 
     def waiting_many(self, agents: Sequence[str]) -> list[int]:
         """``waiting`` for many agents, in one round trip."""
-        replies = run_script_batch(self._client, _XLEN,
-                                   [([self._keys.followups(agent)], []) for agent in agents])
+        replies = _XLEN.run_items(self._client, [([self._keys.followups(agent)], []) for agent in agents])
         return [int(n) for n in replies]
 
     # -- the counter ----------------------------------------------------------------
@@ -304,8 +291,7 @@ class Followups:
     def recount_many(self, agents: Sequence[str]) -> None:
         """Count the agents' streams again (a count lost, or streams an older version
         wrote): a script call per hundred agents, in one round trip."""
-        run_script_batch(self._client, _RECOUNT,
-                         [(self._counted(agent), [agent]) for agent in agents])
+        _RECOUNT.run_items(self._client, [(self._counted(agent), [agent]) for agent in agents])
 
     def _counted(self, agent: str) -> list[str]:
         """The keys of a script that writes the agent's stream and keeps the counter."""
@@ -337,9 +323,9 @@ class Followups:
             return []
         keys = [k for queue, agent in calls
                 for k in (self._keys.followups(agent), self._keys.ready(queue))]
-        positions: list[Any] = self._announce_stale(
-            keys=keys,
-            args=[older_than_ms, self._ready_maxlen, *(agent for _queue, agent in calls)],
+        positions: list[Any] = _ANNOUNCE_STALE.run(
+            self._client, keys,
+            [older_than_ms, self._ready_maxlen, *(agent for _queue, agent in calls)],
         )
         return [calls[int(i) - 1][1] for i in positions]
 

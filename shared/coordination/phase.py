@@ -9,47 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import Enum
+from typing import Final
 
 import redis
 from redis.typing import EncodableT
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import run_script_batch
+from dsh_schedule.shared.coordination.scripts import LuaScript
 
-# KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms,
-# ARGV[3] "1" to register an idle waiter when the phase is taken.
-# Returns 1 claimed, 0 taken (waiter registered when asked).
-_CLAIM = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-if ARGV[3] == '1' then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-end
-return 0
-"""
-
-# KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>".
-# Returns 0 not the owner, 1 released, 2 released and a waiter was waiting (now cleared).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-if redis.call('DEL', KEYS[2]) == 1 then
-  return 2
-end
-return 1
-"""
-
-# KEYS[1] phase key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms. Returns 1 renewed, 0 lost.
-_RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
+_CLAIM: Final = LuaScript("phase_claim")
+_RELEASE: Final = LuaScript("phase_release")
+_RENEW: Final = LuaScript("phase_renew")
 
 
 class Release(Enum):
@@ -86,15 +56,13 @@ class AgentPhase:
             raise ValueError(f"unknown phase kind {kind!r}")
         waiter = "1" if kind == "maintenance" else "0"
         args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000), waiter]
-        replies = run_script_batch(self._client, _CLAIM,
-                                   [(self._args(agent), args) for agent in agents])
+        replies = _CLAIM.run_items(self._client, [(self._args(agent), args) for agent in agents])
         return [bool(r) for r in replies]
 
     def release_many(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
         """``release`` for many agents held under one token, in one round trip."""
         args = [f"{kind}:{token}"]
-        replies = run_script_batch(self._client, _RELEASE,
-                                   [(self._args(agent), args) for agent in agents])
+        replies = _RELEASE.run_items(self._client, [(self._args(agent), args) for agent in agents])
         return [Release(int(r)) for r in replies]
 
     def release(self, agent: str, kind: str, token: str) -> Release:
@@ -106,8 +74,7 @@ class AgentPhase:
     def renew_many(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
         """``renew`` for many agents held under one token, in one round trip."""
         args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000)]
-        replies = run_script_batch(self._client, _RENEW,
-                                   [([self._keys.phase(agent)], args) for agent in agents])
+        replies = _RENEW.run_items(self._client, [([self._keys.phase(agent)], args) for agent in agents])
         return [bool(r) for r in replies]
 
     def holder(self, agent: str) -> str | None:

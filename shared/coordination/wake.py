@@ -36,13 +36,7 @@ from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
 from dsh_schedule.shared.coordination.lock import HeldLock
-from dsh_schedule.shared.coordination.scripts import (
-    SCRIPT_BATCH_MAX,
-    batch_replies,
-    lua,
-    queue_script_batch,
-    run_script_batch,
-)
+from dsh_schedule.shared.coordination.scripts import SCRIPT_BATCH_MAX, LuaScript, item_replies
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.fold import FoldState
 
@@ -139,7 +133,7 @@ def batch_job(batch: WakeBatch) -> Any:
 
 # -- the mover ----------------------------------------------------------------------------
 
-_TAKE_DUE: Final = lua("take_due")  # lua/take_due.lua
+_TAKE_DUE: Final = LuaScript("take_due")
 # A mover call takes at most MOVE_TAKE due entries; it hands its wakes on to each queue in
 # as many jobs as the queue has workers, of at most MOVE_BATCH wakes each.
 MOVE_BATCH: Final = 500
@@ -178,7 +172,6 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self.scheduler_key = keys.scheduler()
         self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
         self.next_due_ms: int | None = None
-        self._take_due = self.connection.register_script(_TAKE_DUE)
         self._workers: dict[str, tuple[float, int]] = {}  # queue -> (read at, count)
 
     def enqueue_jobs(self) -> int:
@@ -198,10 +191,10 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         moved = 0
         others_moved: set[str] = set()
         while True:
-            taken: Any = self._take_due(
-                keys=[self.scheduled_jobs_key],
-                args=[repr(wake_score(now_ms)), MOVE_TAKE, Job.redis_job_namespace_prefix,
-                      WAKE_ID_PREFIX],
+            taken: Any = _TAKE_DUE.run(
+                self.connection, [self.scheduled_jobs_key],
+                [repr(wake_score(now_ms)), MOVE_TAKE, Job.redis_job_namespace_prefix,
+                 WAKE_ID_PREFIX],
             )
             next_score, entries = taken
             self.next_due_ms = None if not next_score else round(float(next_score) * 1000)
@@ -292,12 +285,11 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
 
 # -- arming -------------------------------------------------------------------------------
 
-_ARM_FACTS: Final = lua("arm_facts")  # lua/arm_facts.lua
-
-_ARM_WRITE: Final = lua("arm_write")  # lua/arm_write.lua
-_RETIRE: Final = lua("retire")  # lua/retire.lua
-_LEASE_AND_OLDEST: Final = lua("lease_and_oldest")  # lua/lease_and_oldest.lua
-_PROJECTION: Final = lua("projection")  # lua/projection.lua
+_ARM_FACTS: Final = LuaScript("arm_facts")
+_ARM_WRITE: Final = LuaScript("arm_write")
+_RETIRE: Final = LuaScript("retire")
+_LEASE_AND_OLDEST: Final = LuaScript("lease_and_oldest")
+_PROJECTION: Final = LuaScript("projection")
 
 # The fields of a wake's job hash that differ from one wake to the next; every other field
 # is the same for every wake of one arming call, and is sent once.
@@ -394,7 +386,7 @@ class WakeProjection:
         lease_queue = self._keys.lease_queue()
         with self._client.pipeline(transaction=False) as pipe:
             pipe.time()
-            calls = queue_script_batch(pipe, _LEASE_AND_OLDEST, [
+            calls = _LEASE_AND_OLDEST.queue_items(pipe, [
                 ([agent_host, lease_queue, self._keys.followups(agent), hosts], [agent])
                 for agent, _target in targets
             ])
@@ -402,7 +394,7 @@ class WakeProjection:
             replies = iter(pipe.execute())
         seconds, micros = next(replies)
         server_ms = int(seconds) * 1000 + int(micros) // 1000
-        leases = batch_replies(replies, calls)
+        leases = item_replies(replies, calls)
         all_facts = self.arm_facts(replies, fact_calls)
         requests: list[ArmRequest] = []
         facts: list[ArmFacts] = []
@@ -440,7 +432,7 @@ class WakeProjection:
         if not agents:
             return []
         scheduled, job_prefix = self.scheduler.scheduled_jobs_key, Job.key_for("")
-        replies = run_script_batch(self._client, _PROJECTION, [
+        replies = _PROJECTION.run_items(self._client, [
             ([self._keys.current_wake(agent), self._keys.followups(agent), scheduled],
              [job_prefix])
             for agent in agents
@@ -492,7 +484,7 @@ class WakeProjection:
             scheduled.setdefault(shared, []).append(wake)
             results.append(job_id)
         with self._client.pipeline() as pipe:
-            queue_script_batch(pipe, _RETIRE, retired)
+            _RETIRE.queue_items(pipe, retired)
             for shared, wakes in scheduled.items():
                 self._write_arms(pipe, shared, wakes)
             if scheduled:
@@ -516,7 +508,7 @@ class WakeProjection:
             job = current if target_ms is None else Job.key_for(wake_job_id(agent, target_ms))
             items.append(([current, self.scheduler.scheduled_jobs_key, job],
                           [0 if target_ms is None else 1]))
-        return queue_script_batch(pipe, _ARM_FACTS, items)
+        return _ARM_FACTS.queue_items(pipe, items)
 
     @staticmethod
     def arm_facts(replies: Iterator[Any], calls: int) -> list[ArmFacts]:
@@ -524,7 +516,7 @@ class WakeProjection:
         return [ArmFacts(previous=previous.decode() if isinstance(previous, bytes) else None,
                          previous_score=float(score) if score is not None else None,
                          taken=bool(taken))
-                for previous, score, taken in batch_replies(replies, calls)]
+                for previous, score, taken in item_replies(replies, calls)]
 
     def _scheduled(
         self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
@@ -567,7 +559,7 @@ class WakeProjection:
             chunk = wakes[start:start + SCRIPT_BATCH_MAX]
             keys = [self.scheduler.scheduled_jobs_key, *(k for w in chunk for k in w.keys)]
             args = [*head, *(a for w in chunk for a in w.args)]
-            pipe.eval(_ARM_WRITE, len(keys), *keys, *args)
+            _ARM_WRITE.queue(pipe, keys, args)
 
     def _retire_item(self, agent: str, previous: str | None) -> tuple[list[str], list[str]]:
         """The ``_RETIRE`` item that removes the agent's current wake, if any."""
