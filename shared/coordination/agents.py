@@ -89,30 +89,14 @@ class Coordination:
         """The ``Projection`` of each agent (``WakeProjection.projections``)."""
         return self.wakes.projections(agents)
 
-    def server_time_ms(self) -> int:
-        """Redis's own clock, in epoch ms: the clock stream ids are made from."""
-        seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    def trigger(self, agent: str) -> None:
-        """Enqueue an immediate wake on the agent's queue."""
-        self.wakes.trigger(agent, self.leases.queue_of(agent))
-
-    def forget_agent(self, agent: str, *, lock_wait_s: float) -> None:
-        """Drop everything Redis holds for an agent; its session log keeps every record.
-
-        Takes the agent's lock, so no transaction is half-way through. Never touches the
-        log: disposal appends no delete records.
-        """
-        with self.locks.hold(agent, wait_s=lock_wait_s):
-            self._forget_held([agent])
-
     def forget_agents(
         self, agents: Sequence[str], *, lock_wait_s: float,
         park: Callable[[Sequence[str]], object] | None = None,
     ) -> list[str]:
-        """``forget_agent`` for many agents: the free locks taken together, and what Redis
-        holds for those agents dropped in a few round trips whatever their number (the
+        """Drop everything Redis holds for ``agents``; their session logs keep every record
+        (disposal appends no delete records). Each agent's lock is held, so no transaction
+        is half-way through: the free locks taken together, and what Redis holds for
+        those agents dropped in a few round trips whatever their number (the
         caller bounds the batch). An agent whose lock is busy (a transaction in flight) is
         then forgotten alone, waiting for its lock. Returns the agents whose lock stayed
         busy: nothing of theirs was dropped. ``park`` runs first under the same locks

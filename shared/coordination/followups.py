@@ -116,14 +116,6 @@ class Followups:
         self._default_queue = default_queue
         self._ready_maxlen = ready_maxlen
 
-    def add(self, agent: str, text: str, pairs: Sequence[Pair]) -> str:
-        """Add an entry, then announce the agent on the ready stream of the queue its
-        lease names (no lease: no announcement; a host that grants the lease later checks
-        the agent's stream anyway). Returns the entry id."""
-        entry_id = self.add_many([(agent, text, pairs)])[0]
-        self.announce_many([agent])
-        return entry_id
-
     def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
         """Write many ``(agent, text, pairs)`` entries in one round trip (one script call),
         unannounced: the caller, which holds the agents, announces them with
@@ -164,13 +156,9 @@ class Followups:
         raise redis.RedisError(f"the lease of {', '.join(pending)} kept moving while "
                                "announcing a followup")
 
-    def entries(self, agent: str) -> list[FollowupEntry]:
-        """Every entry still in the stream, delivered to a consumer or not."""
-        raw: Any = self._client.xrange(self._keys.followups(agent))
-        return [_entry(entry_id, fields) for entry_id, fields in raw]
-
     def entries_many(self, agents: Sequence[str]) -> list[list[FollowupEntry]]:
-        """``entries`` for many agents, in one pipelined round trip."""
+        """Every entry still in each agent's stream, delivered to a consumer or not, in one
+        pipelined round trip."""
         with self._client.pipeline(transaction=False) as pipe:
             for agent in agents:
                 pipe.xrange(self._keys.followups(agent))
@@ -264,9 +252,6 @@ class Followups:
         """Acknowledge and delete an entry, whether it was delivered or dropped."""
         self.done_many([(agent, entry_id)])
 
-    def drop(self, agent: str) -> None:
-        self.drop_many([agent])
-
     def drop_many(self, agents: Sequence[str]) -> None:
         """Delete the followup streams of many agents, in one round trip."""
         _DROP.run_items(self._client, [(self._counted(agent), [agent]) for agent in agents])
@@ -277,7 +262,8 @@ class Followups:
 
     def waiting_many(self, agents: Sequence[str]) -> list[int]:
         """``waiting`` for many agents, in one round trip."""
-        replies = _XLEN.run_items(self._client, [([self._keys.followups(agent)], []) for agent in agents])
+        replies = _XLEN.run_items(self._client,
+                                  [([self._keys.followups(agent)], []) for agent in agents])
         return [int(n) for n in replies]
 
     # -- the counter ----------------------------------------------------------------
@@ -299,17 +285,6 @@ class Followups:
                 self._keys.followup_total()]
 
     # -- staleness --------------------------------------------------------------------
-
-    def oldest_added_ms(self, agents: Sequence[str]) -> list[int | None]:
-        """For each agent, when (server epoch ms) the oldest entry still in its stream was
-        added; None for an empty stream. One pipelined round trip."""
-        if not agents:
-            return []
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                pipe.xrange(self._keys.followups(agent), count=1)
-            replies: list[Any] = pipe.execute()
-        return [stream_id_ms(_text(reply[0][0])) if reply else None for reply in replies]
 
     def announce_stale(
         self, agents_by_queue: Mapping[str, Sequence[str]], *, older_than_ms: int

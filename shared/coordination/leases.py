@@ -129,19 +129,10 @@ class Leases:
             self._client, [self._keys.hosts(), self._keys.agent_host()], [now_ms, *agents])
         return [_text(h) if h else None for h in found]
 
-    def is_live(self, agent: str, *, now_ms: int) -> bool:
-        return self.hosts_of([agent], now_ms=now_ms)[0] is not None
-
     def live_among(self, agents: Sequence[str], *, now_ms: int) -> list[str]:
         """The agents of ``agents`` that hold a valid lease, in one round trip."""
         return [a for a, host in zip(agents, self.hosts_of(agents, now_ms=now_ms),
                                      strict=True) if host is not None]
-
-    def live_queues(self, agents: Sequence[str], *, now_ms: int) -> dict[str, str]:
-        """The queue of each agent of ``agents`` that holds a valid lease, in two round
-        trips; agents without a valid lease are left out."""
-        live = self.live_among(agents, now_ms=now_ms)
-        return dict(zip(live, self.queues_of(live), strict=True))
 
     def live_queue_reply(self, expiry: Any, queue: Any, *, now_ms: int) -> str | None:
         """The agent's queue when the lease of its host (which expires at ``expiry``, None
@@ -150,12 +141,9 @@ class Leases:
             return self._queue(queue)
         return None
 
-    def queue_of(self, agent: str) -> str:
-        """The queue beside the agent's session store (the default when none is known)."""
-        return self._queue(self._client.hget(self._keys.lease_queue(), agent))
-
     def queues_of(self, agents: list[str]) -> list[str]:
-        """``queue_of`` for many agents in one round trip."""
+        """The queue beside each agent's session store (the default when none is known),
+        in one round trip."""
         if not agents:
             return []
         values: list[Any] = self._client.hmget(self._keys.lease_queue(), agents)

@@ -38,10 +38,6 @@ class AgentPhase:
     def _args(self, agent: str) -> list[str]:
         return [self._keys.phase(agent), self._keys.idle_waiter(agent)]
 
-    def claim_maintenance(self, agent: str, token: str, ttl_s: float) -> bool:
-        """Claim the idle phase for maintenance, or register an idle waiter and say False."""
-        return self.claim_many([agent], "maintenance", token, ttl_s)[0]
-
     def claim_turn(self, agent: str, token: str, ttl_s: float) -> bool:
         """Claim the phase for a turn; False while maintenance or another turn holds it."""
         return self.claim_many([agent], "turn", token, ttl_s)[0]
@@ -49,9 +45,10 @@ class AgentPhase:
     def claim_many(
         self, agents: Sequence[str], kind: str, token: str, ttl_s: float
     ) -> list[bool]:
-        """``claim_maintenance`` (kind ``maintenance``) or ``claim_turn`` (kind ``turn``)
-        for many agents under one token, in one round trip: one script call claims them
-        all, each claim as the single-agent script makes it. Whether each was claimed."""
+        """Claim the phase for maintenance (kind ``maintenance``: a held phase registers
+        an idle waiter) or a turn (kind ``turn``, ``claim_turn``) for many agents under
+        one token, in one round trip: one script call claims them all, each claim as the
+        single-agent script makes it. Whether each was claimed."""
         if kind not in ("maintenance", "turn"):
             raise ValueError(f"unknown phase kind {kind!r}")
         waiter = "1" if kind == "maintenance" else "0"
@@ -60,29 +57,19 @@ class AgentPhase:
         return [bool(r) for r in replies]
 
     def release_many(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
-        """``release`` for many agents held under one token, in one round trip."""
+        """Release the phases of many agents held under one token, in one round trip: a
+        phase another owner holds is left alone (``NOT_OWNER``)."""
         args = [f"{kind}:{token}"]
         replies = _RELEASE.run_items(self._client, [(self._args(agent), args) for agent in agents])
         return [Release(int(r)) for r in replies]
 
-    def release(self, agent: str, kind: str, token: str) -> Release:
-        return self.release_many([agent], kind, token)[0]
-
-    def renew(self, agent: str, kind: str, token: str, ttl_s: float) -> bool:
-        return self.renew_many([agent], kind, token, ttl_s)[0]
-
     def renew_many(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
-        """``renew`` for many agents held under one token, in one round trip."""
+        """Extend the TTL of the phases of many agents held under one token, in one round
+        trip; False for a phase this owner no longer holds."""
         args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000)]
-        replies = _RENEW.run_items(self._client, [([self._keys.phase(agent)], args) for agent in agents])
+        replies = _RENEW.run_items(self._client,
+                                   [([self._keys.phase(agent)], args) for agent in agents])
         return [bool(r) for r in replies]
-
-    def holder(self, agent: str) -> str | None:
-        value = self._client.get(self._keys.phase(agent))
-        return value.decode() if isinstance(value, bytes) else None
-
-    def forget(self, agent: str) -> None:
-        self.forget_many([agent])
 
     def forget_many(self, agents: Sequence[str]) -> None:
         """Drop the phase keys of many agents, in one round trip."""

@@ -355,13 +355,6 @@ class WakeProjection:
         # scheduler that dies holding it stalls the others' movers no longer than that.
         self.scheduler = PrefixedScheduler(keys, connection=client, interval=1, clock=clock)
 
-    def current(self, agent: str) -> str | None:
-        value = self._client.get(self._keys.current_wake(agent))
-        return value.decode() if isinstance(value, bytes) else None
-
-    def is_scheduled(self, job_id: str) -> bool:
-        return self._client.zscore(self.scheduler.scheduled_jobs_key, job_id) is not None
-
     def rearm_many(
         self, folds: Sequence[tuple[str, FoldState]], now_ms: int, *,
         release: HeldLock | None = None,
@@ -441,20 +434,17 @@ class WakeProjection:
                            stream_id_ms(_text(first)) if first is not None else None)
                 for wake, first, held in replies]
 
-    def arm(self, agent: str, target_ms: int | None, queue: str) -> str | None:
-        """Make ``target_ms`` the agent's one current wake (None: no wake). Hold the lock."""
-        return self.arm_many([ArmRequest(agent, target_ms, queue)])[0]
-
     def arm_many(
         self, requests: Sequence[ArmRequest], *, facts: Sequence[ArmFacts] | None = None,
         then: Callable[[Pipeline], None] | None = None,
     ) -> list[str | None]:
-        """``arm`` for many agents in one pipelined read and one write; hold every agent's
-        lock. Returns each agent's current wake id (None: no wake). An agent already armed
-        for exactly that target keeps its wake; any other target, even in the same
-        second, supersedes it. ``facts``: each request's ``ArmFacts``, when the caller has
-        just read them in a pipeline of its own (``queue_arm_facts``). ``then`` queues
-        more commands at the end of the write (a lock's release)."""
+        """Make each request's target the agent's one current wake (None: no wake), in one
+        pipelined read and one write; hold every agent's lock. Returns each agent's current
+        wake id (None: no wake). An agent already armed for exactly that target keeps its
+        wake; any other target, even in the same second, supersedes it. ``facts``: each
+        request's ``ArmFacts``, when the caller has just read them in a pipeline of its own
+        (``queue_arm_facts``). ``then`` queues more commands at the end of the write (a
+        lock's release)."""
         if facts is None:
             with self._client.pipeline(transaction=False) as pipe:
                 calls = self.queue_arm_facts(pipe, [(r.agent, r.target_ms) for r in requests])

@@ -13,10 +13,10 @@ from dsh_schedule.host.bridge import HostBridge
 from dsh_schedule.scheduler.process import Reconciler, rebuild
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Pair
-from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake import ArmRequest, ImmediateWakes, decode_batch
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
-from tests.support import FakeClock, new_session, reminder_texts
+from tests.support import FakeClock, add_followup, new_session, reminder_texts
 
 
 def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
@@ -29,8 +29,9 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
     for agent, bridge in (("live", staying), ("ended", leaving)):
         new_session(store, agent)
         bridge.install(agent)
-        coordination.followups.add(agent, "text", [Pair(scheduleId="s", occurrenceAt="x")])
-        coordination.wakes.arm(agent, clock() + 60_000, settings.queue)
+        add_followup(coordination.followups, agent, "text",
+                     [Pair(scheduleId="s", occurrenceAt="x")])
+        coordination.wakes.arm_many([ArmRequest(agent, clock() + 60_000, settings.queue)])
     queue = Queue(settings.queue, connection=redis_client)
     queue.empty()
     clock.advance(20)
@@ -43,11 +44,11 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
     assert [(job.func_name, decode_batch(job.args[0])) for job in queue.jobs] == [
         ("dsh_schedule.worker.job.wake_batch", ImmediateWakes(agents=("live",)))
     ]
-    assert coordination.wakes.current("ended") is None
+    assert coordination.wakes.projections(["ended"])[0].wake is None
     assert coordination.followups.waiting("ended") == 0
     assert not redis_client.exists(coordination.keys.followups("ended"))
     assert redis_client.hget(coordination.keys.lease_queue(), "ended") is None
-    assert coordination.wakes.current("live") is not None
+    assert coordination.wakes.projections(["live"])[0].wake is not None
     assert coordination.followups.waiting("live") == 1
 
 
@@ -120,8 +121,8 @@ def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
 
     held.release()
     wakes = system.coordination.wakes
-    assert wakes.current("later") is not None  # armed again for its target
-    assert wakes.current("locked") is None and wakes.current("cold") is None
+    assert wakes.projections(["later"])[0].wake is not None  # armed again for its target
+    assert [p.wake for p in wakes.projections(["locked", "cold"])] == [None, None]
     assert system.coordination.followups.waiting("due") == 1  # dispatched in the batch
     assert [r.id for r in system.store.load("due")[1].active] == []
 
@@ -194,7 +195,7 @@ def test_a_rearm_lost_after_a_durable_create_is_repaired_by_the_sweep_and_delive
     _d, create = system.host.agents["b-lost"].tools["schedule_create"]
     assert not create({"prompt": "water the plants", "after_seconds": 5}).is_error
     coord = system.coordination
-    armed = coord.wakes.current("b-lost")
+    armed = coord.wakes.projections(["b-lost"])[0].wake
     assert armed is not None
     redis_client.zrem(coord.keys.scheduled_jobs(), armed)
     redis_client.delete(Job.key_for(armed), coord.keys.current_wake("b-lost"))
@@ -238,7 +239,7 @@ def test_a_wake_whose_job_vanished_is_repaired_by_the_sweep_and_delivered_once(
     reconciler.rebuild(now_ms=clock())
     system.step()
     coord = system.coordination
-    armed = coord.wakes.current("s1")
+    armed = coord.wakes.projections(["s1"])[0].wake
     assert armed is not None
     redis_client.zrem(coord.keys.scheduled_jobs(), armed)  # the pointer stays
     redis_client.delete(Job.key_for(armed))
