@@ -248,7 +248,7 @@ class DueOwner:
                 wake.stop(WakeOutcome.STILL_DUE)
         settled = [(wake.agent, wake.state) for wake in wakes
                    if wake.outcome is WakeOutcome.SETTLED and wake.state is not None]
-        self._coord.wakes.rearm_many(settled, self._clock())
+        self._coord.rearm_many(settled, self._clock())
         return [wake.agent for wake in wakes
                 if wake.announce or wake.outcome is WakeOutcome.BARRIER_FAILED]
 

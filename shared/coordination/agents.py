@@ -63,7 +63,7 @@ class Coordination:
         self, folds: Sequence[tuple[str, FoldState]], now_ms: int, *,
         release: HeldLock | None = None,
     ) -> list[str | None]:
-        """``rearm`` for many agents (``WakeProjection.rearm_many``); hold every agent's
+        """``rearm`` for many agents (``WakeProjection.rearm``); hold every agent's
         lock. Each agent's current wake id (None: not live, or nothing to wake for).
 
         With ``wake_unloaded``, a session no host serves gets the timer of an unloaded
@@ -72,7 +72,7 @@ class Coordination:
             self.unloaded.offer(self._unloaded_queue,
                                 {agent: next_wake_ms(state, now_ms) for agent, state in folds},
                                 now_ms=now_ms)
-        return self.wakes.rearm_many(folds, now_ms, release=release)
+        return self.wakes.rearm(folds, now_ms, release=release)
 
     def trigger_many(self, agents: Sequence[str]) -> int:
         """Enqueue immediate wakes for many agents, each on the queue its lease names, in
@@ -113,7 +113,7 @@ class Coordination:
         return self.locks.each_held(agents, park_and_forget, wait_s=lock_wait_s)
 
     def _forget_held(self, agents: Sequence[str]) -> None:
-        self.wakes.cancel_many(agents)
+        self.wakes.cancel(agents)
         self.leases.drop_many(agents)
         self.phase.forget_many(agents)
         self.followups.drop_many(agents)

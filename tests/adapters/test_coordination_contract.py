@@ -19,7 +19,7 @@ from rq.job import Job
 
 from dsh_schedule.shared.coordination.agents import Coordination, Projection
 from dsh_schedule.shared.coordination.followups import Pair
-from dsh_schedule.shared.coordination.wake import WAKE_FUNC, wake_job_id
+from dsh_schedule.shared.coordination.wake_jobs import WAKE_FUNC, wake_job_id
 from dsh_schedule.shared.core.fold import EMPTY, FoldState
 from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.core.records import AtSchedule

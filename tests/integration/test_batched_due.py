@@ -397,7 +397,7 @@ def test_opening_many_agents_enqueues_their_wakes_together(
 ) -> None:
     from rq import Queue
 
-    from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
+    from dsh_schedule.shared.coordination.wake_jobs import ImmediateWakes, decode_wakes
 
     system, _clock = _system(redis_client, settings)
     queue = Queue(settings.queue, connection=redis_client)
@@ -409,7 +409,7 @@ def test_opening_many_agents_enqueues_their_wakes_together(
     system.host.open_roots(many)
     jobs = queue.jobs
     assert [job.func_name for job in jobs] == ["dsh_schedule.worker.job.wake_batch"]
-    assert decode_batch(jobs[0].args[0]) == ImmediateWakes(agents=tuple(many))
+    assert decode_wakes(jobs[0].args[0]) == ImmediateWakes(agents=tuple(many))
 
     queue.empty()
     system.host.open_root("one")  # alone: its own wake, at once, as before

@@ -137,7 +137,7 @@ def test_status_shows_hostile_agent_ids_escaped(
     # given a wake armed for an agent whose id holds escapes and line breaks
     coordination = Coordination(redis_client, settings)
     now = wall_clock_ms()
-    coordination.wakes.arm_many([ArmRequest(HOSTILE, now + 60_000, settings.queue)])
+    coordination.wakes.arm([ArmRequest(HOSTILE, now + 60_000, settings.queue)])
 
     # when status renders what it read
     report = read_status(redis_client, settings, now_ms=now)

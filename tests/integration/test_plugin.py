@@ -12,7 +12,7 @@ from rq import Queue
 from dsh_schedule.host.plugin import CompositionError, SchedulePlugin
 from dsh_schedule.host.reference import Agent, AgentRegistry
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake_jobs import ImmediateWakes, decode_wakes
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -140,7 +140,7 @@ def test_renewal_renews_the_host_and_installs_everything_in_one_batch_after_a_fl
     clock.advance(settings.lease_renew_s)
     assert plugin.renew_leases() == names
     assert calls == [names]
-    woken = [decode_batch(job.args[0]) for job in queue.jobs]
+    woken = [decode_wakes(job.args[0]) for job in queue.jobs]
     assert woken == [ImmediateWakes(agents=tuple(names))]
     assert all(bool(coordination.leases.live_among([n], now_ms=clock())) for n in names)
 

@@ -203,7 +203,7 @@ def test_the_scheduler_retires_a_host_whose_agent_lost_its_entry_and_keeps_movin
     coord.leases.install("host-a", ["a1"], settings.queue, now_ms=now - 120_000, ttl_s=1)
     real_redis.hdel(keys.agent_host(), "a1")
     coord.leases.install("host-b", ["b1"], settings.queue, now_ms=now, ttl_s=600)
-    coord.wakes.arm_many([ArmRequest("b1", now + 2_000, settings.queue)])
+    coord.wakes.arm([ArmRequest("b1", now + 2_000, settings.queue)])
     env = process_env(settings.redis_url or "", settings.sessions, PREFIX=settings.prefix,
                       QUEUE=settings.queue, RECONCILE_INTERVAL="1")
     procs = Processes(tmp_path, env)

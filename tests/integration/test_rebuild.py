@@ -13,7 +13,8 @@ from dsh_schedule.host.bridge import HostBridge
 from dsh_schedule.scheduler.process import Reconciler, rebuild
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Pair
-from dsh_schedule.shared.coordination.wake import ArmRequest, ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake import ArmRequest
+from dsh_schedule.shared.coordination.wake_jobs import ImmediateWakes, decode_wakes
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, add_followup, new_session, reminder_texts
@@ -31,7 +32,7 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
         bridge.install(agent)
         add_followup(coordination.followups, agent, "text",
                      [Pair(scheduleId="s", occurrenceAt="x")])
-        coordination.wakes.arm_many([ArmRequest(agent, clock() + 60_000, settings.queue)])
+        coordination.wakes.arm([ArmRequest(agent, clock() + 60_000, settings.queue)])
     queue = Queue(settings.queue, connection=redis_client)
     queue.empty()
     clock.advance(20)
@@ -41,7 +42,7 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
     report = rebuild(coordination, settings, now_ms=clock())
 
     assert report.woken == ("live",) and report.retired == ("ended",)
-    assert [(job.func_name, decode_batch(job.args[0])) for job in queue.jobs] == [
+    assert [(job.func_name, decode_wakes(job.args[0])) for job in queue.jobs] == [
         ("dsh_schedule.worker.job.wake_batch", ImmediateWakes(agents=("live",)))
     ]
     assert coordination.wakes.projections(["ended"])[0].wake is None
@@ -133,7 +134,7 @@ def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
 def _woken(queue: Queue) -> list[str]:
     """The agents of every rebuild-style batch waiting in the queue, then empty it."""
     agents = [a for job in queue.jobs if job.func_name.endswith("wake_batch")
-              for a in decode_batch(job.args[0]).agents]  # type: ignore[union-attr]
+              for a in decode_wakes(job.args[0]).agents]  # type: ignore[union-attr]
     queue.empty()
     return agents
 
