@@ -72,7 +72,7 @@ def _measure_size(rt: Runtime, coord: Coordination, tools: ScheduleTools, plan: 
 
     ours, seconds, failed = timed_calls(create, plan.session_calls, 1)
     coord.wakes.cancel([agent])
-    coord.leases.drop(agent)
+    coord.leases.drop([agent])
     bare_lat, bare_seconds = _bare_appends(rt.store.root / f"{agent}.bare", events,
                                            plan.session_calls)
     return SessionSize(

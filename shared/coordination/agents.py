@@ -114,6 +114,6 @@ class Coordination:
 
     def _forget_held(self, agents: Sequence[str]) -> None:
         self.wakes.cancel(agents)
-        self.leases.drop_many(agents)
-        self.phase.forget_many(agents)
-        self.followups.drop_many(agents)
+        self.leases.drop(agents)
+        self.phase.forget(agents)
+        self.followups.drop(agents)

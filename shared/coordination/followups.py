@@ -252,7 +252,7 @@ class Followups:
         """Acknowledge and delete an entry, whether it was delivered or dropped."""
         self.done_many([(agent, entry_id)])
 
-    def drop_many(self, agents: Sequence[str]) -> None:
+    def drop(self, agents: Sequence[str]) -> None:
         """Delete the followup streams of many agents, in one round trip."""
         _DROP.run_items(self._client, [(self._counted(agent), [agent]) for agent in agents])
 
@@ -274,7 +274,7 @@ class Followups:
         raw: Any = self._client.get(self._keys.followup_total())
         return max(int(raw), 0) if raw is not None else 0
 
-    def recount_many(self, agents: Sequence[str]) -> None:
+    def recount(self, agents: Sequence[str]) -> None:
         """Count the agents' streams again (a count lost, or streams an older version
         wrote): a script call per hundred agents, in one round trip."""
         _RECOUNT.run_items(self._client, [(self._counted(agent), [agent]) for agent in agents])

@@ -12,7 +12,7 @@ Installing an agent another host serves moves it: it leaves the other host's set
 the agent's hash entry names the new host. An install reports the agents that had no
 valid lease before (or that moved), so the caller enqueues their wakes. An expired host
 lease is found by the reconcile pass in one read of the hosts ZSET
-(``expired_hosts``); its agents are then retired, a batch at a time (``served_batch``).
+(``expired_hosts``); its agents are then retired, a batch at a time (``still_served``).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class Leases:
                 pipe.scard(self._keys.served(host))
             return sum(int(n) for n in pipe.execute())
 
-    def served_batch(self, host: str, count: int) -> list[str]:
+    def still_served(self, host: str, count: int) -> list[str]:
         """Up to about ``count`` agents of the host's served set that it still serves
         (an agent that moved to another host meanwhile is left out, and leaves the set)."""
         members: Any = self._client.srandmember(self._keys.served(host), count)
@@ -210,10 +210,7 @@ class Leases:
             [self._keys.hosts(), self._keys.served(host), self._keys.host_digest()],
             [host, now_ms]))
 
-    def drop(self, agent: str) -> None:
-        self.drop_many([agent])
-
-    def drop_many(self, agents: Sequence[str]) -> None:
+    def drop(self, agents: Sequence[str]) -> None:
         """End the leases of many agents, in one round trip."""
         if not agents:
             return

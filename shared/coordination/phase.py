@@ -63,7 +63,7 @@ class AgentPhase:
         replies = _RELEASE.run_items(self._client, [(self._args(agent), args) for agent in agents])
         return [Release(int(r)) for r in replies]
 
-    def renew_many(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
+    def renew(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
         """Extend the TTL of the phases of many agents held under one token, in one round
         trip; False for a phase this owner no longer holds."""
         args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000)]
@@ -71,7 +71,7 @@ class AgentPhase:
                                    [([self._keys.phase(agent)], args) for agent in agents])
         return [bool(r) for r in replies]
 
-    def forget_many(self, agents: Sequence[str]) -> None:
+    def forget(self, agents: Sequence[str]) -> None:
         """Drop the phase keys of many agents, in one round trip."""
         if agents:
             self._client.delete(*(key for agent in agents for key in self._args(agent)))

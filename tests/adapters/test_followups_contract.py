@@ -208,7 +208,7 @@ def test_drop_removes_the_stream(
 ) -> None:
     add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     followups.read(AGENT, "host-1")
-    followups.drop_many([AGENT])
+    followups.drop([AGENT])
     assert redis_client.exists(keys.followups(AGENT)) == 0
     assert followups.entries_many([AGENT])[0] == []
     assert followups.waiting(AGENT) == 0
@@ -235,7 +235,7 @@ def test_the_pending_total_follows_every_write_and_read(followups: Followups) ->
     followups.done_many([("a", ids_a[0])])
     followups.done("a", ids_a[0])  # again: nothing more to take off
     assert followups.pending_total() == 3
-    followups.drop_many(["b", "c", "none"])
+    followups.drop(["b", "c", "none"])
     assert followups.pending_total() == 1
 
 
@@ -250,9 +250,9 @@ def test_a_lost_counter_is_put_right(
     assert followups.pending_total() == 3
     redis_client.delete(keys.followup_total(), keys.followup_counts())
     redis_client.xadd(keys.followups("d"), {"text": "t", "pairs": "[]"})
-    followups.recount_many(["a", "b", "c", "d", "none"])
+    followups.recount(["a", "b", "c", "d", "none"])
     assert followups.pending_total() == 4
-    followups.recount_many(["a", "b", "c", "d"])  # idempotent
+    followups.recount(["a", "b", "c", "d"])  # idempotent
     assert followups.pending_total() == 4
 
 

@@ -112,11 +112,11 @@ def test_another_host_installing_an_agent_takes_it_over(leases: Leases) -> None:
 
 def test_drop_forgets_the_lease_and_its_queue(leases: Leases) -> None:
     leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.drop(AGENT)
+    leases.drop([AGENT])
     assert bool(leases.live_among([AGENT], now_ms=T0)) is False
     assert leases.queues_of([AGENT])[0] == DEFAULT_QUEUE
     assert leases.live_agents(now_ms=T0) == ["agent-2"]
-    assert leases.served_batch("host-a", 10) == ["agent-2"]
+    assert leases.still_served("host-a", 10) == ["agent-2"]
     # and a later grant is new again
     assert leases.install("host-a", [AGENT], QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) == [AGENT]
 
@@ -150,7 +150,7 @@ def test_the_host_digest_follows_every_entry_the_scripts_write(
     assert renew("host-b", now_ms=T0, ttl_s=TTL_S).digest == agent_digest("agent-2")
     leases.install("host-a", [AGENT], QUEUE, now_ms=T0, ttl_s=TTL_S)  # unchanged
     assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == agent_digest(AGENT)
-    leases.drop(AGENT)
+    leases.drop([AGENT])
     assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == 0
     leases.reset_digest("host-a", 12345)
     assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == 12345
@@ -161,7 +161,7 @@ def test_an_expired_host_is_forgotten_once_its_agents_are_retired(leases: Leases
     later = EXPIRY + 1
     assert leases.expired_hosts(now_ms=later) == ["host-a"]
     assert leases.forget_host("host-a", now_ms=later) is False  # it still serves agents
-    leases.drop_many(sorted(leases.served_batch("host-a", 10)))
+    leases.drop(sorted(leases.still_served("host-a", 10)))
     assert leases.forget_host("host-a", now_ms=later) is True
     assert leases.expired_hosts(now_ms=later) == []
 
@@ -228,7 +228,7 @@ def test_an_install_reports_exactly_the_new_leases(leases: Leases) -> None:
     leases.grant("valid", QUEUE, now_ms=T0, ttl_s=TTL_S)
     leases.grant("expired", QUEUE, now_ms=T0 - 120_000, ttl_s=TTL_S, host="gone")
     leases.grant("dropped", QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.drop("dropped")
+    leases.drop(["dropped"])
     agents = ["valid", "expired", "dropped", "never"]
     # when all four are installed at once
     new = leases.install("host", agents, "queue-b", now_ms=T0 + 1_000, ttl_s=TTL_S)

@@ -102,17 +102,17 @@ def test_renew_extends_the_ttl_for_the_owner_only(
     # given a turn with a short TTL
     assert phase.claim_turn(AGENT, "t1", 1.0)
     # when a non-owner renews, then it is refused and the TTL is untouched
-    assert phase.renew_many([AGENT], "turn", "other", 60.0)[0] is False
-    assert phase.renew_many([AGENT], "maintenance", "t1", 60.0)[0] is False
+    assert phase.renew([AGENT], "turn", "other", 60.0)[0] is False
+    assert phase.renew([AGENT], "maintenance", "t1", 60.0)[0] is False
     assert 0 < redis_client.pttl(keys.phase(AGENT)) <= 1000
     # when the owner renews, then the TTL is extended
-    assert phase.renew_many([AGENT], "turn", "t1", 60.0)[0] is True
+    assert phase.renew([AGENT], "turn", "t1", 60.0)[0] is True
     assert redis_client.pttl(keys.phase(AGENT)) > 1000
     assert phase_holder(phase, AGENT) == "turn:t1"
 
 
 def test_renew_of_a_lost_phase_is_refused_and_claims_nothing(phase: AgentPhase) -> None:
-    assert phase.renew_many([AGENT], "turn", "t1", TTL_S)[0] is False
+    assert phase.renew([AGENT], "turn", "t1", TTL_S)[0] is False
     assert phase_holder(phase, AGENT) is None
 
 
@@ -124,7 +124,7 @@ def test_the_phase_expires_after_its_ttl(phase: AgentPhase) -> None:
     # then the phase is free for maintenance, and the late owner cannot renew it
     assert phase_holder(phase, AGENT) is None
     assert phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0] is True
-    assert phase.renew_many([AGENT], "turn", "t1", TTL_S)[0] is False
+    assert phase.renew([AGENT], "turn", "t1", TTL_S)[0] is False
     assert phase.release_many([AGENT], "turn", "t1")[0] is Release.NOT_OWNER
     assert phase_holder(phase, AGENT) == "maintenance:m1"
 
@@ -134,7 +134,7 @@ def test_forget_removes_the_phase_and_the_waiter(
 ) -> None:
     assert phase.claim_turn(AGENT, "t1", TTL_S)
     assert not phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0]
-    phase.forget_many([AGENT])
+    phase.forget([AGENT])
     assert phase_holder(phase, AGENT) is None
     assert not waiter_registered(redis_client, keys)
     assert phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0] is True

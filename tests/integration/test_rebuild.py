@@ -90,7 +90,7 @@ def test_an_ended_agent_whose_lock_is_held_does_not_stop_the_pass(
     held.release()
     assert report.retired == ("gone",)
     assert quick.leases.expired_hosts(now_ms=clock()) == ["host"]  # retried next pass
-    assert quick.leases.served_batch("host", 10) == ["stuck"]
+    assert quick.leases.still_served("host", 10) == ["stuck"]
 
 
 def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
