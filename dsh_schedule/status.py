@@ -40,7 +40,7 @@ from rq.utils import utcparse
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.clock import skew_note
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import lua
+from dsh_schedule.shared.coordination.scripts import LuaScript
 from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.terminal import terminal_text
@@ -51,7 +51,7 @@ HEARTBEAT_FRESH_S: Final = 15.0
 RECONCILE_TTL_S: Final = 86_400
 NEXT_WAKES: Final = 5
 _WAKE_PREFIX: Final = "wake_"
-_LIVE_PER_QUEUE: Final = lua("live_per_queue")  # lua/live_per_queue.lua
+_LIVE_PER_QUEUE: Final = LuaScript("live_per_queue")
 _ENQUEUED_AT: Final = "enqueued_at"
 
 
@@ -222,8 +222,8 @@ def live_per_queue(coord: Coordination, *, now_ms: int, default_queue: str) -> d
     if not hosts:
         return {}
     keys = coord.keys
-    flat: Any = coord.client.eval(
-        _LIVE_PER_QUEUE, 1, keys.lease_queue(), keys.served(""), default_queue, *hosts)
+    flat: Any = _LIVE_PER_QUEUE.run(
+        coord.client, [keys.lease_queue()], [keys.served(""), default_queue, *hosts])
     return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 

@@ -84,7 +84,7 @@ def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildR
     for")."""
     live = coord.leases.live_agents(now_ms=now_ms)
     coord.trigger_many(live)
-    coord.followups.recount_many(live)  # the pending-followups counter, put right
+    coord.followups.recount(live)  # the pending-followups counter, put right
     return RebuildReport(woken=tuple(live), retired=tuple(_retire(coord, settings, now_ms)))
 
 
@@ -118,7 +118,7 @@ def _retire(coord: Coordination, settings: Settings, now_ms: int) -> list[str]:
     for host in leases.expired_hosts(now_ms=now_ms):
         busy: set[str] = set()
         tried: set[str] = set()
-        while batch := [a for a in leases.served_batch(host, CHECK_BATCH + len(busy))
+        while batch := [a for a in leases.still_served(host, CHECK_BATCH + len(busy))
                         if a not in tried][:CHECK_BATCH]:
             tried.update(batch)
             # With wake_unloaded, each keeps a timer at its wake's moment.

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from dsh_schedule.shared.coordination.followups import Followups, Pair
+from dsh_schedule.shared.coordination.phase import AgentPhase
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.store.port import SessionStore
@@ -234,3 +236,17 @@ def refuse_writes(client: redis.Redis, how: str) -> Callable[[], None]:
         client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
         return lambda: client.execute_command("REPLICAOF", "NO", "ONE")
     raise ValueError(how)
+
+
+def add_followup(followups: Followups, agent: str, text: str, pairs: Sequence[Pair]) -> str:
+    """A followup written as a worker writes it: the entry, then the agent announced on
+    the ready stream of the queue its lease names. The entry id."""
+    entry_id = followups.add_many([(agent, text, pairs)])[0]
+    followups.announce_many([agent])
+    return entry_id
+
+
+def phase_holder(phase: AgentPhase, agent: str) -> str | None:
+    """Who holds the agent's phase (``<kind>:<token>``; None: free), read from Redis."""
+    value = phase._client.get(phase._keys.phase(agent))
+    return value.decode() if isinstance(value, bytes) else None

@@ -26,11 +26,11 @@ import redis
 from rq import get_current_job
 
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wake import (
+from dsh_schedule.shared.coordination.wake_jobs import (
     WAKE_BATCH_FUNC,
     WAKE_FUNC,
     DueWakes,
-    decode_batch,
+    decode_wakes,
 )
 from dsh_schedule.shared.coordination.workers import Held
 from dsh_schedule.shared.logging_setup import log_context
@@ -99,7 +99,7 @@ def wake_batch(payload: Any) -> dict[str, str]:
 
 def _wake_batch(payload: Any) -> dict[str, str]:
     try:
-        batch = decode_batch(payload)
+        batch = decode_wakes(payload)
     except msgspec.ValidationError as exc:
         log.error("malformed wake batch dropped: %s", exc)
         return {}
@@ -121,7 +121,7 @@ def held_by(job: Any, queue: str) -> Held | None:
         if func == WAKE_FUNC and args and isinstance(args[0], str):
             return Held(str(job.id), queue, (args[0],))
         if func == WAKE_BATCH_FUNC and len(args) == 1:
-            batch = decode_batch(args[0])
+            batch = decode_wakes(args[0])
             if isinstance(batch, DueWakes):
                 agents = tuple(dict.fromkeys(w.agent for w in batch.wakes))
             else:

@@ -526,7 +526,7 @@ class HostBridge:
         outage = Outage(log, f"turn heartbeat of {_named(agents)}")
         while agents and not stop.wait(settings.turn_renew_s):
             try:
-                renewed = self._coord.phase.renew_many(agents, "turn", token,
+                renewed = self._coord.phase.renew(agents, "turn", token,
                                                        settings.turn_ttl_s)
             except redis.RedisError as exc:
                 if not is_outage(exc):

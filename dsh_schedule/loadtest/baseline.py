@@ -20,7 +20,7 @@ from typing import Final
 from rq import get_current_job
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.wake import PrefixedScheduler
+from dsh_schedule.shared.coordination.mover import PrefixedScheduler
 from dsh_schedule.shared.core.instant import to_datetime
 
 NOOP: Final = "dsh_schedule.loadtest.baseline.noop"

@@ -71,8 +71,8 @@ def _measure_size(rt: Runtime, coord: Coordination, tools: ScheduleTools, plan: 
         return not tools.call(agent, "schedule_create", create_args(i, FAR_S + i)).is_error
 
     ours, seconds, failed = timed_calls(create, plan.session_calls, 1)
-    coord.wakes.cancel(agent)
-    coord.leases.drop(agent)
+    coord.wakes.cancel([agent])
+    coord.leases.drop([agent])
     bare_lat, bare_seconds = _bare_appends(rt.store.root / f"{agent}.bare", events,
                                            plan.session_calls)
     return SessionSize(

@@ -63,7 +63,7 @@ class Coordination:
         self, folds: Sequence[tuple[str, FoldState]], now_ms: int, *,
         release: HeldLock | None = None,
     ) -> list[str | None]:
-        """``rearm`` for many agents (``WakeProjection.rearm_many``); hold every agent's
+        """``rearm`` for many agents (``WakeProjection.rearm``); hold every agent's
         lock. Each agent's current wake id (None: not live, or nothing to wake for).
 
         With ``wake_unloaded``, a session no host serves gets the timer of an unloaded
@@ -72,7 +72,7 @@ class Coordination:
             self.unloaded.offer(self._unloaded_queue,
                                 {agent: next_wake_ms(state, now_ms) for agent, state in folds},
                                 now_ms=now_ms)
-        return self.wakes.rearm_many(folds, now_ms, release=release)
+        return self.wakes.rearm(folds, now_ms, release=release)
 
     def trigger_many(self, agents: Sequence[str]) -> int:
         """Enqueue immediate wakes for many agents, each on the queue its lease names, in
@@ -124,30 +124,14 @@ class Coordination:
         """The ``Projection`` of each agent (``WakeProjection.projections``)."""
         return self.wakes.projections(agents)
 
-    def server_time_ms(self) -> int:
-        """Redis's own clock, in epoch ms: the clock stream ids are made from."""
-        seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    def trigger(self, agent: str) -> None:
-        """Enqueue an immediate wake on the agent's queue."""
-        self.wakes.trigger(agent, self.leases.queue_of(agent))
-
-    def forget_agent(self, agent: str, *, lock_wait_s: float) -> None:
-        """Drop everything Redis holds for an agent; its session log keeps every record.
-
-        Takes the agent's lock, so no transaction is half-way through. Never touches the
-        log: disposal appends no delete records.
-        """
-        with self.locks.hold(agent, wait_s=lock_wait_s):
-            self._forget_held([agent])
-
     def forget_agents(
         self, agents: Sequence[str], *, lock_wait_s: float,
         park: Callable[[Sequence[str]], object] | None = None,
     ) -> list[str]:
-        """``forget_agent`` for many agents: the free locks taken together, and what Redis
-        holds for those agents dropped in a few round trips whatever their number (the
+        """Drop everything Redis holds for ``agents``; their session logs keep every record
+        (disposal appends no delete records). Each agent's lock is held, so no transaction
+        is half-way through: the free locks taken together, and what Redis holds for
+        those agents dropped in a few round trips whatever their number (the
         caller bounds the batch). An agent whose lock is busy (a transaction in flight) is
         then forgotten alone, waiting for its lock. Returns the agents whose lock stayed
         busy: nothing of theirs was dropped. ``park`` runs first under the same locks
@@ -164,7 +148,7 @@ class Coordination:
         return self.locks.each_held(agents, park_and_forget, wait_s=lock_wait_s)
 
     def _forget_held(self, agents: Sequence[str]) -> None:
-        self.wakes.cancel_many(agents)
-        self.leases.drop_many(agents)
-        self.phase.forget_many(agents)
-        self.followups.drop_many(agents)
+        self.wakes.cancel(agents)
+        self.leases.drop(agents)
+        self.phase.forget(agents)
+        self.followups.drop(agents)

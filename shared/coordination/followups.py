@@ -26,7 +26,7 @@ import msgspec
 import redis
 
 from dsh_schedule.shared.coordination.keys import STREAM_GROUP, Keys
-from dsh_schedule.shared.coordination.scripts import lua, run_script_batch
+from dsh_schedule.shared.coordination.scripts import LuaScript
 from dsh_schedule.shared.core.ledger import Pair
 
 READY_MAXLEN: Final = 10_000
@@ -49,25 +49,15 @@ __all__ = [
 _PAIRS = msgspec.json.Decoder(tuple[Pair, ...])
 _PAIRS_ENCODER: Final = msgspec.json.Encoder()
 
-# recount(), shared by every script that writes a followup stream.
-_COUNT: Final = lua("followup_count")  # lua/followup_count.lua
-_ADD: Final = _COUNT + lua("followup_add")  # lua/followup_count.lua, lua/followup_add.lua
-
-_ANNOUNCE: Final = lua("announce")  # lua/announce.lua
-
-_ANNOUNCE_STALE: Final = lua("announce_stale")  # lua/announce_stale.lua
-
-
-_DONE: Final = _COUNT + lua("followup_done")  # lua/followup_count.lua, lua/followup_done.lua
-
-_READ: Final = lua("followup_read")  # lua/followup_read.lua
-
-_XLEN: Final = lua("followup_length")  # lua/followup_length.lua
-
-_DROP: Final = _COUNT + lua("followup_drop")  # lua/followup_count.lua, lua/followup_drop.lua
-
-# lua/followup_count.lua, lua/followup_recount.lua
-_RECOUNT: Final = _COUNT + lua("followup_recount")
+# lua/followup_count.lua (recount) goes before every script that writes a followup stream.
+_ADD: Final = LuaScript("followup_count", "followup_add")
+_ANNOUNCE: Final = LuaScript("announce")
+_ANNOUNCE_STALE: Final = LuaScript("announce_stale")
+_DONE: Final = LuaScript("followup_count", "followup_done")
+_READ: Final = LuaScript("followup_read")
+_XLEN: Final = LuaScript("followup_length")
+_DROP: Final = LuaScript("followup_count", "followup_drop")
+_RECOUNT: Final = LuaScript("followup_count", "followup_recount")
 
 
 def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> FollowupEntry:
@@ -125,21 +115,12 @@ class Followups:
         # are routed (``Leases`` falls back to the same queue); '' announces it nowhere.
         self._default_queue = default_queue
         self._ready_maxlen = ready_maxlen
-        self._announce_stale = client.register_script(_ANNOUNCE_STALE)
-
-    def add(self, agent: str, text: str, pairs: Sequence[Pair]) -> str:
-        """Add an entry, then announce the agent on the ready stream of the queue its
-        lease names (no lease: no announcement; a host that grants the lease later checks
-        the agent's stream anyway). Returns the entry id."""
-        entry_id = self.add_many([(agent, text, pairs)])[0]
-        self.announce_many([agent])
-        return entry_id
 
     def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
         """Write many ``(agent, text, pairs)`` entries in one round trip (one script call),
         unannounced: the caller, which holds the agents, announces them with
         ``announce_many`` once it lets them go. The entry ids, in order."""
-        written = run_script_batch(self._client, _ADD, [
+        written = _ADD.run_items(self._client, [
             (self._counted(agent), [text.encode(), _encode_pairs(pairs), STREAM_GROUP, agent])
             for agent, text, pairs in items
         ])
@@ -158,7 +139,7 @@ class Followups:
         queues = {agent: _text(q) if isinstance(q, bytes | str) else ""
                   for agent, q in zip(pending, found, strict=True)}
         for _attempt in range(_ANNOUNCE_ATTEMPTS):
-            replies = run_script_batch(self._client, _ANNOUNCE, [
+            replies = _ANNOUNCE.run_items(self._client, [
                 ([self._keys.lease_queue(), self._keys.ready(queues[agent]),
                   self._keys.agent_host()],
                  [agent, queues[agent], self._ready_maxlen, self._default_queue])
@@ -175,13 +156,9 @@ class Followups:
         raise redis.RedisError(f"the lease of {', '.join(pending)} kept moving while "
                                "announcing a followup")
 
-    def entries(self, agent: str) -> list[FollowupEntry]:
-        """Every entry still in the stream, delivered to a consumer or not."""
-        raw: Any = self._client.xrange(self._keys.followups(agent))
-        return [_entry(entry_id, fields) for entry_id, fields in raw]
-
     def entries_many(self, agents: Sequence[str]) -> list[list[FollowupEntry]]:
-        """``entries`` for many agents, in one pipelined round trip."""
+        """Every entry still in each agent's stream, delivered to a consumer or not, in one
+        pipelined round trip."""
         with self._client.pipeline(transaction=False) as pipe:
             for agent in agents:
                 pipe.xrange(self._keys.followups(agent))
@@ -233,7 +210,7 @@ class Followups:
         agents whose stream or its consumer group is missing."""
         found: dict[str, StreamRead] = {}
         ungrouped: list[str] = []
-        replies = run_script_batch(self._client, _READ, [
+        replies = _READ.run_items(self._client, [
             ([self._keys.followups(agent)], [STREAM_GROUP, consumer, count])
             for agent in agents
         ])
@@ -254,7 +231,7 @@ class Followups:
         """``done`` for many ``(agent, entry id)``, in one round trip."""
         if not entries:
             return
-        run_script_batch(self._client, _DONE, [(self._counted(agent),
+        _DONE.run_items(self._client, [(self._counted(agent),
                                                  [STREAM_GROUP, entry_id, agent])
                                                 for agent, entry_id in entries])
 
@@ -275,13 +252,9 @@ class Followups:
         """Acknowledge and delete an entry, whether it was delivered or dropped."""
         self.done_many([(agent, entry_id)])
 
-    def drop(self, agent: str) -> None:
-        self.drop_many([agent])
-
-    def drop_many(self, agents: Sequence[str]) -> None:
+    def drop(self, agents: Sequence[str]) -> None:
         """Delete the followup streams of many agents, in one round trip."""
-        run_script_batch(self._client, _DROP,
-                         [(self._counted(agent), [agent]) for agent in agents])
+        _DROP.run_items(self._client, [(self._counted(agent), [agent]) for agent in agents])
 
     def waiting(self, agent: str) -> int:
         """How many entries the stream holds (delivered to a consumer or not)."""
@@ -289,8 +262,8 @@ class Followups:
 
     def waiting_many(self, agents: Sequence[str]) -> list[int]:
         """``waiting`` for many agents, in one round trip."""
-        replies = run_script_batch(self._client, _XLEN,
-                                   [([self._keys.followups(agent)], []) for agent in agents])
+        replies = _XLEN.run_items(self._client,
+                                  [([self._keys.followups(agent)], []) for agent in agents])
         return [int(n) for n in replies]
 
     # -- the counter ----------------------------------------------------------------
@@ -301,11 +274,10 @@ class Followups:
         raw: Any = self._client.get(self._keys.followup_total())
         return max(int(raw), 0) if raw is not None else 0
 
-    def recount_many(self, agents: Sequence[str]) -> None:
+    def recount(self, agents: Sequence[str]) -> None:
         """Count the agents' streams again (a count lost, or streams an older version
         wrote): a script call per hundred agents, in one round trip."""
-        run_script_batch(self._client, _RECOUNT,
-                         [(self._counted(agent), [agent]) for agent in agents])
+        _RECOUNT.run_items(self._client, [(self._counted(agent), [agent]) for agent in agents])
 
     def _counted(self, agent: str) -> list[str]:
         """The keys of a script that writes the agent's stream and keeps the counter."""
@@ -313,17 +285,6 @@ class Followups:
                 self._keys.followup_total()]
 
     # -- staleness --------------------------------------------------------------------
-
-    def oldest_added_ms(self, agents: Sequence[str]) -> list[int | None]:
-        """For each agent, when (server epoch ms) the oldest entry still in its stream was
-        added; None for an empty stream. One pipelined round trip."""
-        if not agents:
-            return []
-        with self._client.pipeline(transaction=False) as pipe:
-            for agent in agents:
-                pipe.xrange(self._keys.followups(agent), count=1)
-            replies: list[Any] = pipe.execute()
-        return [stream_id_ms(_text(reply[0][0])) if reply else None for reply in replies]
 
     def announce_stale(
         self, agents_by_queue: Mapping[str, Sequence[str]], *, older_than_ms: int
@@ -337,9 +298,9 @@ class Followups:
             return []
         keys = [k for queue, agent in calls
                 for k in (self._keys.followups(agent), self._keys.ready(queue))]
-        positions: list[Any] = self._announce_stale(
-            keys=keys,
-            args=[older_than_ms, self._ready_maxlen, *(agent for _queue, agent in calls)],
+        positions: list[Any] = _ANNOUNCE_STALE.run(
+            self._client, keys,
+            [older_than_ms, self._ready_maxlen, *(agent for _queue, agent in calls)],
         )
         return [calls[int(i) - 1][1] for i in positions]
 

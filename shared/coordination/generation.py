@@ -12,19 +12,14 @@ which wakes them) instead of waiting for a lease renewal.
 from __future__ import annotations
 
 import uuid
+from typing import Final
 
 import redis
 
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.scripts import LuaScript
 
-# KEYS[1] the marker; ARGV[1] a fresh token. Returns the marker, written first when it was
-# missing.
-_READ_OR_WRITE = """
-local token = redis.call('GET', KEYS[1])
-if token then return token end
-redis.call('SET', KEYS[1], ARGV[1])
-return ARGV[1]
-"""
+_READ_OR_WRITE: Final = LuaScript("generation")
 
 
 class GenerationMarker:
@@ -33,13 +28,12 @@ class GenerationMarker:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self._client = client
         self._key = keys.generation()
-        self._script = client.register_script(_READ_OR_WRITE)
         self._seen: bytes | None = None
 
     def lost_data(self) -> bool:
         """Check the marker (one round trip): True when Redis lost data since the last
         check. The first check of a process only learns the token (the process is
         starting, and restores everything anyway)."""
-        token = bytes(self._script(keys=[self._key], args=[uuid.uuid4().hex]))
+        token = bytes(_READ_OR_WRITE.run(self._client, [self._key], [uuid.uuid4().hex]))
         seen, self._seen = self._seen, token
         return seen is not None and seen != token

@@ -17,22 +17,19 @@ from typing import Final, TypeVar
 
 import redis
 from redis.client import Pipeline
-from redis.commands.core import Script
 from redis.exceptions import LockError
 from redis.lock import Lock
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import lua, queue_script, run_script_batch
+from dsh_schedule.shared.coordination.scripts import LuaScript
 from dsh_schedule.shared.core.errors import ScheduleError
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-_RELEASE_MANY: Final = lua("lock_release_many")  # lua/lock_release_many.lua
-
-
-_TAKE: Final = lua("lock_take")  # lua/lock_take.lua
+_RELEASE: Final = LuaScript("lock_release_many")
+_TAKE: Final = LuaScript("lock_take")
 
 
 class LockUnavailable(ScheduleError):
@@ -48,16 +45,15 @@ class HeldLock:
     pipelined write may release the lock in that same write (``release_on``), saving the
     release's round trip; ``hold`` then releases nothing more."""
 
-    def __init__(self, key: str, token: bytes, release: Script) -> None:
+    def __init__(self, key: str, token: bytes) -> None:
         self._key = key
         self._token = token
-        self._release = release
         self.released = False
 
     def release_on(self, pipe: Pipeline) -> None:
         """Queue this lock's release (only while it still holds our token) as the last
         command of ``pipe``; call ``released_by_pipeline`` once ``pipe`` has run."""
-        queue_script(pipe, self._release, [self._key], [self._token])
+        _RELEASE.queue(pipe, [self._key], [self._token])
 
     def released_by_pipeline(self) -> None:
         self.released = True
@@ -70,7 +66,6 @@ class AgentLocks:
         self._client = client
         self._keys = keys
         self._ttl_s = ttl_s
-        self._release_many = client.register_script(_RELEASE_MANY)
 
     @contextmanager
     def hold(self, agent: str, *, wait_s: float) -> Iterator[HeldLock]:
@@ -102,7 +97,7 @@ class AgentLocks:
 
     @contextmanager
     def _holding(self, agent: str, lock: Lock) -> Iterator[HeldLock]:
-        held = HeldLock(self._keys.lock(agent), lock.local.token, self._release_many)
+        held = HeldLock(self._keys.lock(agent), lock.local.token)
         try:
             yield held
         finally:
@@ -156,15 +151,15 @@ class AgentLocks:
         token = uuid.uuid4().hex
         keys = {agent: self._keys.lock(agent) for agent in dict.fromkeys(agents)}
         ttl_ms = max(int(self._ttl_s * 1000), 1)
-        taken = run_script_batch(self._client, _TAKE,
-                                 [([key], [token, ttl_ms]) for key in keys.values()])
+        taken = _TAKE.run_items(self._client,
+                                [([key], [token, ttl_ms]) for key in keys.values()])
         held = {agent for agent, ok in zip(keys, taken, strict=True) if ok}
         try:
             yield held
         finally:
             if held:
                 try:
-                    self._release_many(keys=[keys[a] for a in held], args=[token])
+                    _RELEASE.run(self._client, [keys[a] for a in held], [token])
                 except redis.RedisError as exc:
                     log.warning("%d locks not released (%s); they expire in %g s",
                                 len(held), type(exc).__name__, self._ttl_s)

@@ -116,10 +116,6 @@ class Outage:
         self._auth_said: float | None = None
         self._quiet = False
 
-    @property
-    def down(self) -> bool:
-        return self._down_since is not None
-
     def failed(self, exc: BaseException) -> float:
         """Record a failed attempt; the delay before the next one (capped, doubling)."""
         self._count()

@@ -9,47 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import Enum
+from typing import Final
 
 import redis
 from redis.typing import EncodableT
 
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import run_script_batch
+from dsh_schedule.shared.coordination.scripts import LuaScript
 
-# KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms,
-# ARGV[3] "1" to register an idle waiter when the phase is taken.
-# Returns 1 claimed, 0 taken (waiter registered when asked).
-_CLAIM = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-if ARGV[3] == '1' then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-end
-return 0
-"""
-
-# KEYS[1] phase key, KEYS[2] idle-waiter key; ARGV[1] "<kind>:<token>".
-# Returns 0 not the owner, 1 released, 2 released and a waiter was waiting (now cleared).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-if redis.call('DEL', KEYS[2]) == 1 then
-  return 2
-end
-return 1
-"""
-
-# KEYS[1] phase key; ARGV[1] "<kind>:<token>", ARGV[2] ttl ms. Returns 1 renewed, 0 lost.
-_RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
+_CLAIM: Final = LuaScript("phase_claim")
+_RELEASE: Final = LuaScript("phase_release")
+_RENEW: Final = LuaScript("phase_renew")
 
 
 class Release(Enum):
@@ -68,10 +38,6 @@ class AgentPhase:
     def _args(self, agent: str) -> list[str]:
         return [self._keys.phase(agent), self._keys.idle_waiter(agent)]
 
-    def claim_maintenance(self, agent: str, token: str, ttl_s: float) -> bool:
-        """Claim the idle phase for maintenance, or register an idle waiter and say False."""
-        return self.claim_many([agent], "maintenance", token, ttl_s)[0]
-
     def claim_turn(self, agent: str, token: str, ttl_s: float) -> bool:
         """Claim the phase for a turn; False while maintenance or another turn holds it."""
         return self.claim_many([agent], "turn", token, ttl_s)[0]
@@ -79,45 +45,33 @@ class AgentPhase:
     def claim_many(
         self, agents: Sequence[str], kind: str, token: str, ttl_s: float
     ) -> list[bool]:
-        """``claim_maintenance`` (kind ``maintenance``) or ``claim_turn`` (kind ``turn``)
-        for many agents under one token, in one round trip: one script call claims them
-        all, each claim as the single-agent script makes it. Whether each was claimed."""
+        """Claim the phase for maintenance (kind ``maintenance``: a held phase registers
+        an idle waiter) or a turn (kind ``turn``, ``claim_turn``) for many agents under
+        one token, in one round trip: one script call claims them all, each claim as the
+        single-agent script makes it. Whether each was claimed."""
         if kind not in ("maintenance", "turn"):
             raise ValueError(f"unknown phase kind {kind!r}")
         waiter = "1" if kind == "maintenance" else "0"
         args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000), waiter]
-        replies = run_script_batch(self._client, _CLAIM,
-                                   [(self._args(agent), args) for agent in agents])
+        replies = _CLAIM.run_items(self._client, [(self._args(agent), args) for agent in agents])
         return [bool(r) for r in replies]
 
     def release_many(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
-        """``release`` for many agents held under one token, in one round trip."""
+        """Release the phases of many agents held under one token, in one round trip: a
+        phase another owner holds is left alone (``NOT_OWNER``)."""
         args = [f"{kind}:{token}"]
-        replies = run_script_batch(self._client, _RELEASE,
-                                   [(self._args(agent), args) for agent in agents])
+        replies = _RELEASE.run_items(self._client, [(self._args(agent), args) for agent in agents])
         return [Release(int(r)) for r in replies]
 
-    def release(self, agent: str, kind: str, token: str) -> Release:
-        return self.release_many([agent], kind, token)[0]
-
-    def renew(self, agent: str, kind: str, token: str, ttl_s: float) -> bool:
-        return self.renew_many([agent], kind, token, ttl_s)[0]
-
-    def renew_many(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
-        """``renew`` for many agents held under one token, in one round trip."""
+    def renew(self, agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
+        """Extend the TTL of the phases of many agents held under one token, in one round
+        trip; False for a phase this owner no longer holds."""
         args: list[EncodableT] = [f"{kind}:{token}", int(ttl_s * 1000)]
-        replies = run_script_batch(self._client, _RENEW,
+        replies = _RENEW.run_items(self._client,
                                    [([self._keys.phase(agent)], args) for agent in agents])
         return [bool(r) for r in replies]
 
-    def holder(self, agent: str) -> str | None:
-        value = self._client.get(self._keys.phase(agent))
-        return value.decode() if isinstance(value, bytes) else None
-
-    def forget(self, agent: str) -> None:
-        self.forget_many([agent])
-
-    def forget_many(self, agents: Sequence[str]) -> None:
+    def forget(self, agents: Sequence[str]) -> None:
         """Drop the phase keys of many agents, in one round trip."""
         if agents:
             self._client.delete(*(key for agent in agents for key in self._args(agent)))

@@ -22,14 +22,14 @@ import redis
 
 from dsh_schedule.shared.coordination.followups import stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.scripts import lua
+from dsh_schedule.shared.coordination.scripts import LuaScript
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import DUE_PAGE, DueEntry, SessionStore
 
-_PARK: Final = lua("unloaded_park")  # lua/unloaded_park.lua
-_WRITE: Final = lua("unloaded_write")  # lua/unloaded_write.lua
-_TAKE: Final = lua("unloaded_take")  # lua/unloaded_take.lua
-_CLAIM: Final = lua("unloaded_claim")  # lua/unloaded_claim.lua
+_PARK: Final = LuaScript("unloaded_park")
+_WRITE: Final = LuaScript("unloaded_write")
+_TAKE: Final = LuaScript("unloaded_take")
+_CLAIM: Final = LuaScript("unloaded_claim")
 
 TAKE_MAX: Final = 1000  # timers one pass takes per queue and script call
 REQUESTS_MAXLEN: Final = 10_000  # the request stream's approximate length limit
@@ -92,10 +92,10 @@ class UnloadedTimers:
         written = 0
         for start in range(0, len(items), PARK_BATCH):
             chunk = items[start:start + PARK_BATCH]
-            written += int(self._client.eval(
-                _PARK, 4, self._keys.unloaded(queue), self._keys.load_attempts(queue),
-                self._keys.unloaded_queues(), self._keys.mover_nudge(), queue,
-                *(part for session, due in chunk for part in (session, _ms(due)))))
+            written += int(_PARK.run(self._client, [
+                self._keys.unloaded(queue), self._keys.load_attempts(queue),
+                self._keys.unloaded_queues(), self._keys.mover_nudge()], [
+                queue, *(part for session, due in chunk for part in (session, _ms(due)))]))
         return written
 
     def park_wakes(self, agents: Sequence[str]) -> int:
@@ -156,11 +156,12 @@ class UnloadedTimers:
         written = 0
         for start in range(0, len(items), PARK_BATCH):
             chunk = items[start:start + PARK_BATCH]
-            written += int(self._client.eval(
-                _WRITE, 6, self._keys.unloaded(queue), self._keys.load_attempts(queue),
+            written += int(_WRITE.run(self._client, [
+                self._keys.unloaded(queue), self._keys.load_attempts(queue),
                 self._keys.unloaded_queues(), self._keys.agent_host(), self._keys.hosts(),
-                self._keys.mover_nudge(), queue, now_ms, mode,
-                *(part for session, due in chunk for part in (session, _ms(due)))))
+                self._keys.mover_nudge()], [
+                queue, now_ms, mode,
+                *(part for session, due in chunk for part in (session, _ms(due)))]))
         return written
 
     # -- the scheduler's pass ----------------------------------------------------------
@@ -175,11 +176,12 @@ class UnloadedTimers:
         for queue in sorted(_text(q) for q in self._client.smembers(
                 self._keys.unloaded_queues())):
             while True:
-                reply: Any = self._client.eval(
-                    _TAKE, 5, self._keys.unloaded(queue), self._keys.load_attempts(queue),
+                reply: Any = _TAKE.run(self._client, [
+                    self._keys.unloaded(queue), self._keys.load_attempts(queue),
                     self._keys.load_requests(queue), self._keys.hosts(),
-                    self._keys.agent_host(), now_ms, TAKE_MAX, self._first_ms,
-                    self._longest_ms, self._keys.lock(""), REQUESTS_MAXLEN, LOCKED_RETRY_MS)
+                    self._keys.agent_host()], [
+                    now_ms, TAKE_MAX, self._first_ms, self._longest_ms, self._keys.lock(""),
+                    REQUESTS_MAXLEN, LOCKED_RETRY_MS])
                 first, taken = reply
                 announced.extend(Announced(queue, _text(s), int(a), int(b))
                                  for s, a, b in taken)
@@ -219,8 +221,10 @@ class UnloadedTimers:
     def claim(self, session: str, host: str, *, now_ms: int, ttl_ms: int) -> Claim:
         """Claim the load of ``session`` for ``host`` for ``ttl_ms``: ``live`` when a live
         host serves it, ``taken`` when another host claimed it."""
-        reply = self._client.eval(_CLAIM, 3, self._keys.agent_host(), self._keys.hosts(),
-                                  self._keys.loading(session), session, now_ms, host, ttl_ms)
+        reply = _CLAIM.run(
+            self._client,
+            [self._keys.agent_host(), self._keys.hosts(), self._keys.loading(session)],
+            [session, now_ms, host, ttl_ms])
         result: Claim = _text(reply)  # type: ignore[assignment]  # the script's three words
         return result
 

@@ -23,58 +23,12 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.scripts import LuaScript
 
-# KEYS[1] the workers zset, KEYS[2] the beats zset; ARGV[1] ms until the next beat is due,
-# ARGV[2] the worker's name. The beat's score is Redis's clock plus that, so no two
-# machines' clocks are compared. Beats a day stale (workers killed long ago) are pruned.
-_BEAT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 86400000)
-return now
-"""
-
-# KEYS[1] the beats zset. Returns {Redis's clock in ms, {name, score, ...}}: every worker
-# that beats, and by when it beats again.
-_BEATS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {now, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
-"""
-
-# KEYS[1] the workers zset, KEYS[2] the holds hash; ARGV[1] the most workers to return.
-# Returns {Redis's clock in ms, {name, score, held or false}...} for every worker whose
-# beat is overdue.
-_OVERDUE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local found = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
-                         tonumber(ARGV[1]))
-local out = {now}
-for i = 1, #found, 2 do
-  out[#out + 1] = {found[i], found[i + 1], redis.call('HGET', KEYS[2], found[i]) or false}
-end
-return out
-"""
-
-# KEYS[1] the workers zset, KEYS[2] the holds hash; ARGV[1] the name, ARGV[2] the score it
-# was seen with, ARGV[3] the new score ('' removes it and its holds). Changes nothing when
-# the score moved meanwhile (the worker beat again, or another scheduler took it): 1 done.
-_SWAP = """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) ~= tonumber(ARGV[2]) then
-  return 0
-end
-if ARGV[3] == '' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-else
-  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-end
-return 1
-"""
+_BEAT: Final = LuaScript("worker_beat")
+_BEATS: Final = LuaScript("worker_beats")
+_OVERDUE: Final = LuaScript("worker_overdue")
+_SWAP: Final = LuaScript("worker_swap")
 
 OVERDUE_LIMIT: Final = 100  # dead workers handled per look
 MAINTENANCE: Final = b"maintenance:"
@@ -120,16 +74,13 @@ class WorkerLiveness:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self._overdue = client.register_script(_OVERDUE)
-        self._swap = client.register_script(_SWAP)
-        self._beats = client.register_script(_BEATS)
 
     # -- the worker's side ------------------------------------------------------------
 
     def beat_on(self, pipe: Pipeline, name: str, *, next_within_ms: int) -> None:
         """Queue a beat: ``name`` beats again within ``next_within_ms``."""
-        pipe.eval(_BEAT, 2, self.keys.workers(), self.keys.worker_beats(), next_within_ms,
-                  name)
+        _BEAT.queue(pipe, [self.keys.workers(), self.keys.worker_beats()],
+                    [next_within_ms, name])
 
     def holding_on(self, pipe: Pipeline | redis.Redis, name: str, held: Held | None) -> None:
         """Queue what ``name`` now executes (None: nothing)."""
@@ -151,7 +102,7 @@ class WorkerLiveness:
     def beats(self) -> tuple[int, dict[str, int]]:
         """Redis's clock, and each worker that beats with the epoch ms (Redis's clock) by
         which it beats again: overdue, it was killed or hangs. One round trip."""
-        now, flat = self._beats(keys=[self.keys.worker_beats()])
+        now, flat = _BEATS.run(self.client, [self.keys.worker_beats()])
         return int(now), {_text(flat[i]): int(float(flat[i + 1]))
                           for i in range(0, len(flat), 2)}
 
@@ -160,8 +111,8 @@ class WorkerLiveness:
     def overdue(self) -> tuple[int, list[tuple[str, int, Held | None]]]:
         """Redis's clock, and every worker whose beat is overdue (at most
         ``OVERDUE_LIMIT``): its name, its score, what it held. One round trip."""
-        reply = self._overdue(keys=[self.keys.workers(), self.keys.worker_holds()],
-                              args=[OVERDUE_LIMIT])
+        reply = _OVERDUE.run(self.client, [self.keys.workers(), self.keys.worker_holds()],
+                             [OVERDUE_LIMIT])
         now_ms = int(reply[0])
         found: list[tuple[str, int, Held | None]] = []
         for name, score, raw in reply[1:]:
@@ -191,8 +142,8 @@ class WorkerLiveness:
     def swap(self, name: str, seen: int, new: int | None) -> bool:
         """Move ``name``'s score from ``seen`` to ``new`` (None: forget it and its
         holds), unless it moved meanwhile; whether it did."""
-        return bool(self._swap(keys=[self.keys.workers(), self.keys.worker_holds()],
-                               args=[name, seen, "" if new is None else new]))
+        return bool(_SWAP.run(self.client, [self.keys.workers(), self.keys.worker_holds()],
+                              [name, seen, "" if new is None else new]))
 
     def drop_abandoned(self, job_id: str) -> None:
         """Delete the rq job a dead worker was executing, and its entry in rq's started

@@ -19,11 +19,12 @@ from rq.job import Job
 
 from dsh_schedule.shared.coordination.agents import Coordination, Projection
 from dsh_schedule.shared.coordination.followups import Pair
-from dsh_schedule.shared.coordination.wake import WAKE_FUNC, wake_job_id
+from dsh_schedule.shared.coordination.wake_jobs import WAKE_FUNC, wake_job_id
 from dsh_schedule.shared.core.fold import EMPTY, FoldState
 from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.core.records import AtSchedule
 from dsh_schedule.shared.settings import Settings
+from tests.support import add_followup
 
 AGENT = "agent-1"
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
@@ -45,7 +46,7 @@ def test_rearm_of_an_agent_without_a_lease_arms_nothing(
     coordination: Coordination, redis_client: redis.Redis
 ) -> None:
     assert coordination.rearm(AGENT, waiting_for(TARGET), T0) is None
-    assert coordination.wakes.current(AGENT) is None
+    assert coordination.wakes.projections([AGENT])[0].wake is None
     assert redis_client.dbsize() == 0
 
 
@@ -58,25 +59,26 @@ def test_rearm_arms_the_next_decision_time_on_the_lease_queue(
     job_id = coordination.rearm(AGENT, waiting_for(TARGET), T0)
     # then the wake is scheduled at TARGET's second, for the lease's queue
     assert job_id is not None
-    assert coordination.wakes.is_scheduled(job_id)
     score = redis_client.zscore(coordination.keys.scheduled_jobs(), job_id)
     assert score is not None and int(score) == TARGET // 1000
     assert Job.fetch(job_id, connection=redis_client).origin == "beside-the-store"
 
 
-def test_rearm_with_nothing_active_retires_the_wake(coordination: Coordination) -> None:
+def test_rearm_with_nothing_active_retires_the_wake(
+    coordination: Coordination, redis_client: redis.Redis
+) -> None:
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
     armed = coordination.rearm(AGENT, waiting_for(TARGET), T0)
     assert armed is not None
     assert coordination.rearm(AGENT, EMPTY, T0) is None
-    assert coordination.wakes.current(AGENT) is None
-    assert not coordination.wakes.is_scheduled(armed)
+    assert coordination.wakes.projections([AGENT])[0].wake is None
+    assert redis_client.zscore(coordination.keys.scheduled_jobs(), armed) is None
 
 
 def test_rearm_with_something_overdue_arms_now(coordination: Coordination) -> None:
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
     job_id = coordination.rearm(AGENT, waiting_for(T0 - 1_000), T0)
-    assert job_id == coordination.wakes.current(AGENT)
+    assert job_id == coordination.wakes.projections([AGENT])[0].wake
     assert job_id is not None and job_id.endswith(f"_{T0 // 1000}")
 
 
@@ -84,11 +86,11 @@ def test_trigger_uses_the_lease_queue_and_falls_back_to_the_configured_one(
     coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     # without a lease: the configured queue
-    coordination.trigger(AGENT)
+    coordination.trigger_many([AGENT])
     assert len(queued(redis_client, settings.queue)) == 1
     # with a lease: the queue it names
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
-    coordination.trigger(AGENT)
+    coordination.trigger_many([AGENT])
     assert len(queued(redis_client, "beside-the-store")) == 1
     assert len(queued(redis_client, settings.queue)) == 1
 
@@ -100,15 +102,16 @@ def test_every_key_of_every_port_is_under_the_prefix(
     keys, queue = coordination.keys, settings.queue
     coordination.leases.grant(AGENT, queue, now_ms=T0, ttl_s=LEASE_S)
     assert coordination.phase.claim_turn(AGENT, "t1", 10.0)
-    assert not coordination.phase.claim_maintenance(AGENT, "m1", 10.0)
-    coordination.followups.add(AGENT, "text", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
+    assert not coordination.phase.claim_many([AGENT], "maintenance", "m1", 10.0)[0]
+    add_followup(coordination.followups, AGENT, "text",
+                 [Pair(scheduleId="schedule-1", occurrenceAt="x")])
     coordination.rearm(AGENT, waiting_for(TARGET), T0)
     coordination.wakes.move_due(TARGET)
     Queue(queue, connection=redis_client).enqueue(
         WAKE_FUNC, AGENT, TARGET, job_id=wake_job_id(AGENT, TARGET)
     )  # a job still under the would-be id: the re-arm takes a suffixed id
     coordination.rearm(AGENT, waiting_for(TARGET), T0)
-    coordination.trigger(AGENT)
+    coordination.trigger_many([AGENT])
     with coordination.locks.hold(AGENT, wait_s=0.0):
         # when the keyspace is listed
         written = {k.decode() for k in redis_client.scan_iter(match="*")}
@@ -146,7 +149,7 @@ def test_rearm_announces_again_a_followup_older_than_the_stale_age(
     fresh = Coordination(redis_client, settings)  # stale after 30 s
     stale = Coordination(redis_client, msgspec.structs.replace(settings, followup_stale_s=0.001))
     fresh.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
-    fresh.followups.add(AGENT, "text", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
+    add_followup(fresh.followups, AGENT, "text", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
     assert announcements(redis_client, fresh, "beside-the-store") == 1
     time.sleep(0.01)
     # when it is re-armed while the entry is younger than the stale age: nothing more
@@ -156,7 +159,7 @@ def test_rearm_announces_again_a_followup_older_than_the_stale_age(
     stale.rearm(AGENT, waiting_for(TARGET), T0)
     assert announcements(redis_client, fresh, "beside-the-store") == 2
     # an agent without a lease is neither armed nor announced
-    stale.followups.add("cold", "text", [])
+    add_followup(stale.followups, "cold", "text", [])
     time.sleep(0.01)
     assert stale.rearm("cold", waiting_for(TARGET), T0) is None
     assert announcements(redis_client, fresh, settings.queue) == 0
@@ -173,7 +176,7 @@ def test_projections_tell_a_held_wake_from_a_lost_one_and_date_the_oldest_follow
     # the lost wake's job goes away behind the projection's back
     redis_client.zrem(coordination.keys.scheduled_jobs(), lost)
     redis_client.delete(Job.key_for(lost))
-    entry = coordination.followups.add("idle", "text", [])
+    entry = add_followup(coordination.followups, "idle", "text", [])
 
     found = coordination.projections(["armed", "lost", "idle"])
 

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 import redis
 
+from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import FollowupEntry, Followups, Pair
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.settings import Settings
+from tests.support import add_followup
 
 AGENT = "agent-1"
 SINGLE_TEXT = '[SCHEDULE REMINDER]\nreminder_prompt_json: "call Ana \u2603"'
@@ -40,9 +42,9 @@ def ids(entries: list[FollowupEntry]) -> list[str]:
 
 
 def test_entries_keep_text_and_pairs_in_order(followups: Followups) -> None:
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    second = followups.add(AGENT, BATCH_TEXT, BATCH)
-    assert followups.entries(AGENT) == [
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
+    assert followups.entries_many([AGENT])[0] == [
         FollowupEntry(entry_id=first, text=SINGLE_TEXT, pairs=SINGLE),
         FollowupEntry(entry_id=second, text=BATCH_TEXT, pairs=BATCH),
     ]
@@ -52,7 +54,7 @@ def test_entries_keep_text_and_pairs_in_order(followups: Followups) -> None:
 def test_pairs_are_stored_as_compact_json(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     raw: Any = redis_client.xrange(keys.followups(AGENT))
     ((_, fields),) = raw
     assert fields[b"pairs"] == (
@@ -61,7 +63,7 @@ def test_pairs_are_stored_as_compact_json(
 
 
 def test_an_empty_stream_has_no_entries(followups: Followups) -> None:
-    assert followups.entries(AGENT) == []
+    assert followups.entries_many([AGENT])[0] == []
     assert followups.waiting(AGENT) == 0
     assert followups.read(AGENT, "host-1") == []
 
@@ -79,12 +81,12 @@ def test_read_returns_new_entries_then_the_consumers_unacknowledged_ones(
     followups: Followups,
 ) -> None:
     # given two entries
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     # when a host reads them and crashes before acknowledging
     delivered = followups.read(AGENT, "host-1")
     assert ids(delivered) == [first, second]
-    assert delivered == followups.entries(AGENT)
+    assert delivered == followups.entries_many([AGENT])[0]
     # then its next read returns the same entries again (crash recovery)
     assert followups.read(AGENT, "host-1") == delivered
     # and another consumer of the group gets nothing new
@@ -92,9 +94,9 @@ def test_read_returns_new_entries_then_the_consumers_unacknowledged_ones(
 
 
 def test_unacknowledged_entries_come_before_new_ones(followups: Followups) -> None:
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     assert ids(followups.read(AGENT, "host-1")) == [first]
-    later = followups.add(AGENT, BATCH_TEXT, BATCH)
+    later = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     # the pending one first; the new one once the pending one is done
     assert ids(followups.read(AGENT, "host-1")) == [first]
     followups.done(AGENT, first)
@@ -104,29 +106,31 @@ def test_unacknowledged_entries_come_before_new_ones(followups: Followups) -> No
 def test_read_streams_reads_as_read_does_and_says_whether_it_emptied_the_stream(
     followups: Followups, redis_client: redis.Redis, keys: Keys,
 ) -> None:
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     # a stream from before its group came with its first entry: read alone, as read does
     second = redis_client.xadd(keys.followups("agent-2"), {"text": "t", "pairs": "[]"}).decode()
     found = followups.read_streams([AGENT, "agent-2", "agent-3"], "host-1", count=2)
     assert {a: (ids(r.entries), r.drained) for a, r in found.items()} == {
         AGENT: ([first], True), "agent-2": ([second], False), "agent-3": ([], False),
     }
-    later = followups.add(AGENT, BATCH_TEXT, BATCH)
+    later = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     # its unacknowledged entry first, not known to be the last; then the new ones
     again = followups.read_streams([AGENT], "host-1", count=2)[AGENT]
     assert (ids(again.entries), again.drained) == ([first], False)
     followups.done(AGENT, first)
-    more = [followups.add(AGENT, SINGLE_TEXT, SINGLE) for _ in range(2)]
+    more = [add_followup(followups, AGENT, SINGLE_TEXT, SINGLE) for _ in range(2)]
     full = followups.read_streams([AGENT], "host-1", count=2)[AGENT]
     assert (ids(full.entries), full.drained) == ([later, more[0]], False)  # count reached
     other = followups.read_streams([AGENT], "host-2")
-    assert {a: r.entries for a, r in other.items()} == {AGENT: followups.entries(AGENT)[2:]}
+    assert {a: r.entries for a, r in other.items()} == {
+        AGENT: followups.entries_many([AGENT])[0][2:]}
 
 
 def test_done_many_and_waiting_many_take_one_command_for_many_agents(
     followups: Followups,
 ) -> None:
-    added = {agent: followups.add(agent, SINGLE_TEXT, SINGLE) for agent in ("a", "b", "c")}
+    added = {agent: add_followup(followups, agent, SINGLE_TEXT, SINGLE)
+             for agent in ("a", "b", "c")}
     assert followups.waiting_many(["a", "b", "c", "none"]) == [1, 1, 1, 0]
     followups.done_many([("a", added["a"]), ("c", added["c"])])
     assert followups.waiting_many(["a", "b", "c"]) == [0, 1, 0]
@@ -136,13 +140,13 @@ def test_done_acknowledges_and_deletes(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
     # given two entries read by a host
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     followups.read(AGENT, "host-1")
     # when the host is done with the first one
     followups.done(AGENT, first)
     # then only the second is left, in the stream and among the pending
-    assert ids(followups.entries(AGENT)) == [second]
+    assert ids(followups.entries_many([AGENT])[0]) == [second]
     assert followups.waiting(AGENT) == 1
     assert ids(followups.read(AGENT, "host-1")) == [second]
     # and when it is done with the second, nothing is left anywhere
@@ -154,7 +158,7 @@ def test_done_acknowledges_and_deletes(
 
 
 def test_done_on_an_entry_never_read_deletes_it(followups: Followups) -> None:
-    entry = followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    entry = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     followups.done(AGENT, entry)
     assert followups.waiting(AGENT) == 0
     assert followups.read(AGENT, "host-1") == []
@@ -162,28 +166,28 @@ def test_done_on_an_entry_never_read_deletes_it(followups: Followups) -> None:
 
 def test_claim_stale_hands_over_what_another_consumer_left(followups: Followups) -> None:
     # given entries a crashed host read but never acknowledged
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     followups.read(AGENT, "crashed-host")
     # when another host claims entries idle for at least 0 ms
     claimed = followups.claim_stale(AGENT, "host-2", min_idle_ms=0)
     # then it gets them whole, and from now on they are its own pending entries
-    assert claimed == followups.entries(AGENT)
+    assert claimed == followups.entries_many([AGENT])[0]
     assert ids(claimed) == [first, second]
     assert ids(followups.read(AGENT, "host-2")) == [first, second]
     assert followups.read(AGENT, "crashed-host") == []
 
 
 def test_claim_stale_leaves_entries_that_are_not_idle_long_enough(followups: Followups) -> None:
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     followups.read(AGENT, "busy-host")
     assert followups.claim_stale(AGENT, "host-2", min_idle_ms=3_600_000) == []
     assert len(followups.read(AGENT, "busy-host")) == 1
 
 
 def test_claim_stale_skips_entries_already_done(followups: Followups) -> None:
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     followups.read(AGENT, "crashed-host")
     followups.done(AGENT, first)
     assert ids(followups.claim_stale(AGENT, "host-2", min_idle_ms=0)) == [second]
@@ -193,8 +197,8 @@ def test_streams_of_different_agents_are_independent(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
     followups.ensure_group("agent-2")
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    other = followups.add("agent-2", BATCH_TEXT, BATCH)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    other = add_followup(followups, "agent-2", BATCH_TEXT, BATCH)
     assert ids(followups.read("agent-2", "host-1")) == [other]
     assert followups.waiting(AGENT) == 1
 
@@ -202,18 +206,18 @@ def test_streams_of_different_agents_are_independent(
 def test_drop_removes_the_stream(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     followups.read(AGENT, "host-1")
-    followups.drop(AGENT)
+    followups.drop([AGENT])
     assert redis_client.exists(keys.followups(AGENT)) == 0
-    assert followups.entries(AGENT) == []
+    assert followups.entries_many([AGENT])[0] == []
     assert followups.waiting(AGENT) == 0
 
 
 def test_followup_keys_are_under_the_prefix(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     written = sorted(k.decode() for k in redis_client.scan_iter(match="*"))
     assert written == sorted([keys.followups(AGENT), keys.followup_counts(),
                               keys.followup_total()])
@@ -224,14 +228,14 @@ def test_the_pending_total_follows_every_write_and_read(followups: Followups) ->
     dropped ones no longer do, and a read changes nothing."""
     assert followups.pending_total() == 0
     ids_a = followups.add_many([("a", "t", SINGLE), ("a", "u", SINGLE), ("b", "t", SINGLE)])
-    followups.add("c", "t", SINGLE)
+    add_followup(followups, "c", "t", SINGLE)
     assert followups.pending_total() == 4
     followups.read_streams(["a", "b", "c"], "host-1")
     assert followups.pending_total() == 4
     followups.done_many([("a", ids_a[0])])
     followups.done("a", ids_a[0])  # again: nothing more to take off
     assert followups.pending_total() == 3
-    followups.drop_many(["b", "c", "none"])
+    followups.drop(["b", "c", "none"])
     assert followups.pending_total() == 1
 
 
@@ -242,13 +246,13 @@ def test_a_lost_counter_is_put_right(
     streams no script counted (an older version wrote them) count once recounted."""
     followups.add_many([("a", "t", SINGLE), ("b", "t", SINGLE)])
     redis_client.delete(keys.followup_total())
-    followups.add("c", "t", SINGLE)
+    add_followup(followups, "c", "t", SINGLE)
     assert followups.pending_total() == 3
     redis_client.delete(keys.followup_total(), keys.followup_counts())
     redis_client.xadd(keys.followups("d"), {"text": "t", "pairs": "[]"})
-    followups.recount_many(["a", "b", "c", "d", "none"])
+    followups.recount(["a", "b", "c", "d", "none"])
     assert followups.pending_total() == 4
-    followups.recount_many(["a", "b", "c", "d"])  # idempotent
+    followups.recount(["a", "b", "c", "d"])  # idempotent
     assert followups.pending_total() == 4
 
 
@@ -262,8 +266,8 @@ def test_the_first_read_creates_the_group_and_skips_no_entry(
     if flush_first:
         followups.ensure_group(AGENT)
         redis_client.flushdb()
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    second = followups.add(AGENT, BATCH_TEXT, BATCH)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     assert ids(followups.read(AGENT, "host-1")) == [first, second]
     # and a second ensure does not fail on the existing group (BUSYGROUP)
     followups.ensure_group(AGENT)
@@ -273,7 +277,7 @@ def test_claim_stale_without_a_group_claims_nothing(
     redis_client: redis.Redis, keys: Keys
 ) -> None:
     followups = Followups(redis_client, keys)
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     assert followups.claim_stale(AGENT, "host-1", min_idle_ms=0) == []
 
 
@@ -296,8 +300,8 @@ def test_add_announces_the_agent_on_the_queue_its_lease_names(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
     lease_on(redis_client, keys, QUEUE)
-    entry = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    assert ids(followups.entries(AGENT)) == [entry]
+    entry = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    assert ids(followups.entries_many([AGENT])[0]) == [entry]
     assert announced(redis_client, keys, QUEUE) == [AGENT]
     assert announced(redis_client, keys, "queue-b") == []
 
@@ -305,7 +309,7 @@ def test_add_announces_the_agent_on_the_queue_its_lease_names(
 def test_add_without_a_lease_writes_the_entry_and_announces_nothing(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     assert followups.waiting(AGENT) == 1
     assert not any(k.decode().startswith(keys.ready("")) for k in redis_client.scan_iter())
 
@@ -318,8 +322,8 @@ def test_add_announces_where_the_lease_is_when_it_moved_meanwhile(
     lease is now."""
     lease_on(redis_client, keys, "queue-now")
     monkeypatch.setattr(redis_client, "hmget", lambda *_args: [b"queue-before"])
-    entry = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    assert ids(followups.entries(AGENT)) == [entry]  # written once
+    entry = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    assert ids(followups.entries_many([AGENT])[0]) == [entry]  # written once
     assert announced(redis_client, keys, "queue-now") == [AGENT]
     assert announced(redis_client, keys, "queue-before") == []
 
@@ -333,9 +337,9 @@ def test_a_reader_sees_each_announcement_after_its_cursor_once(
         lease_on(redis_client, keys, QUEUE, agent)
     cursor = followups.ready_cursor(QUEUE)
     # when three entries announce two agents
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    followups.add("agent-2", BATCH_TEXT, BATCH)
-    followups.add(AGENT, BATCH_TEXT, BATCH)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, "agent-2", BATCH_TEXT, BATCH)
+    add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     # then one read names each agent once, in first-announcement order
     first = followups.read_ready(QUEUE, cursor, block_ms=None)
     assert first.agents == (AGENT, "agent-2")
@@ -350,10 +354,10 @@ def test_a_read_from_the_newest_announcement_sees_only_later_ones(
     followups: Followups, redis_client: redis.Redis, keys: Keys
 ) -> None:
     lease_on(redis_client, keys, QUEUE)
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     cursor = followups.ready_cursor(QUEUE)
     assert followups.read_ready(QUEUE, cursor, block_ms=None).agents == ()
-    followups.add(AGENT, BATCH_TEXT, BATCH)
+    add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     assert followups.read_ready(QUEUE, cursor, block_ms=50).agents == (AGENT,)
 
 
@@ -363,7 +367,7 @@ def test_the_ready_stream_is_trimmed_to_its_length_limit(
     followups = Followups(redis_client, keys, ready_maxlen=5)
     lease_on(redis_client, keys, QUEUE)
     for _ in range(40):
-        followups.add(AGENT, SINGLE_TEXT, SINGLE)
+        add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     assert redis_client.xlen(keys.ready(QUEUE)) == 5
     assert followups.waiting(AGENT) == 40  # the entries themselves are never trimmed
 
@@ -375,7 +379,7 @@ def test_announce_stale_announces_only_streams_whose_oldest_entry_is_old_enough(
     followups.ensure_group("agent-2")
     for agent in (AGENT, "agent-2"):
         lease_on(redis_client, keys, QUEUE, agent)
-    followups.add(AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     cursor = followups.ready_cursor(QUEUE)
     both = {QUEUE: [AGENT, "agent-2"]}
     # an hour is older than the entry: nothing is announced
@@ -387,14 +391,15 @@ def test_announce_stale_announces_only_streams_whose_oldest_entry_is_old_enough(
     assert followups.announce_stale({}, older_than_ms=0) == []
 
 
-def test_oldest_added_ms_is_the_server_time_of_the_oldest_entry(
-    followups: Followups, redis_client: redis.Redis
+def test_the_projection_dates_the_oldest_entry_by_the_server_clock(
+    followups: Followups, redis_client: redis.Redis, settings: Settings
 ) -> None:
     followups.ensure_group("agent-2")
-    first = followups.add(AGENT, SINGLE_TEXT, SINGLE)
-    followups.add(AGENT, BATCH_TEXT, BATCH)
+    first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
+    add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     seconds, micros = redis_client.time()
-    oldest, empty = followups.oldest_added_ms([AGENT, "agent-2"])
+    oldest, empty = (p.oldest_followup_ms for p in
+                     Coordination(redis_client, settings).projections([AGENT, "agent-2"]))
     assert oldest == int(first.split("-")[0])
     assert empty is None
     assert oldest is not None and 0 <= seconds * 1000 + micros // 1000 - oldest < 60_000

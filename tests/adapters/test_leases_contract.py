@@ -16,6 +16,7 @@ from dsh_schedule.shared.coordination.leases import (
     agent_digest,
 )
 from dsh_schedule.shared.settings import Settings
+from tests.support import add_followup
 
 AGENT = "agent-1"
 QUEUE = "queue-a"
@@ -54,7 +55,7 @@ def test_a_grant_reports_whether_the_lease_is_new(
 ) -> None:
     assert leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S) is True
     assert leases.grant(AGENT, QUEUE, now_ms=second_grant_ms, ttl_s=TTL_S) is new
-    assert leases.is_live(AGENT, now_ms=second_grant_ms + 60_000) is True
+    assert bool(leases.live_among([AGENT], now_ms=second_grant_ms + 60_000)) is True
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_an_agent_is_live_while_its_hosts_lease_is(
     leases.install("host-a", [AGENT], QUEUE, now_ms=T0, ttl_s=TTL_S)
     leases.install("host-b", ["agent-long"], QUEUE, now_ms=T0, ttl_s=3600.0)
     # then every view agrees on the agent at that instant
-    assert leases.is_live(AGENT, now_ms=now_ms) is live
+    assert bool(leases.live_among([AGENT], now_ms=now_ms)) is live
     assert (AGENT in leases.live_agents(now_ms=now_ms)) is live
     assert ("host-a" in leases.expired_hosts(now_ms=now_ms)) is not live
     assert "agent-long" in leases.live_agents(now_ms=now_ms)
@@ -77,23 +78,21 @@ def test_an_agent_is_live_while_its_hosts_lease_is(
 
 
 def test_an_unknown_agent_is_neither_live_nor_served(leases: Leases) -> None:
-    assert leases.is_live(AGENT, now_ms=T0) is False
+    assert leases.live_among([AGENT], now_ms=T0) == []
     assert leases.live_agents(now_ms=T0) == []
     assert leases.expired_hosts(now_ms=T0) == []
-    assert leases.queue_of(AGENT) == DEFAULT_QUEUE
-    assert leases.live_queues([AGENT], now_ms=T0) == {}
+    assert leases.queues_of([AGENT])[0] == DEFAULT_QUEUE
 
 
 def test_the_lease_records_the_queue_and_a_new_install_moves_it(leases: Leases) -> None:
     leases.install("host-a", [AGENT], QUEUE, now_ms=T0, ttl_s=TTL_S)
     leases.install("host-b", ["agent-2"], "queue-b", now_ms=T0, ttl_s=TTL_S)
-    assert leases.queue_of(AGENT) == QUEUE
-    assert leases.queue_of("agent-2") == "queue-b"
-    assert leases.live_queues([AGENT, "agent-2", "agent-3"], now_ms=T0) == {
-        AGENT: QUEUE, "agent-2": "queue-b"
-    }
+    assert leases.queues_of([AGENT])[0] == QUEUE
+    assert leases.queues_of(["agent-2"])[0] == "queue-b"
+    assert leases.live_among([AGENT, "agent-2", "agent-3"], now_ms=T0) == [AGENT, "agent-2"]
+    assert leases.queues_of([AGENT, "agent-2"]) == [QUEUE, "queue-b"]
     leases.install("host-a", [AGENT], "queue-c", now_ms=T0 + 1_000, ttl_s=TTL_S)
-    assert leases.queue_of(AGENT) == "queue-c"
+    assert leases.queues_of([AGENT])[0] == "queue-c"
 
 
 def test_another_host_installing_an_agent_takes_it_over(leases: Leases) -> None:
@@ -104,20 +103,20 @@ def test_another_host_installing_an_agent_takes_it_over(leases: Leases) -> None:
                           ttl_s=TTL_S) == [AGENT]
     # then host-b serves it, on its queue, and host-a's set no longer holds it
     assert leases.hosts_of([AGENT, "agent-2"], now_ms=T0 + 1_000) == ["host-b", "host-a"]
-    assert leases.queue_of(AGENT) == "queue-b"
+    assert leases.queues_of([AGENT])[0] == "queue-b"
     assert leases.served_here("host-a", [AGENT, "agent-2"]) == [False, True]
     # and host-a's lease expiring leaves it live
-    assert leases.is_live(AGENT, now_ms=EXPIRY + 500) is True
-    assert leases.is_live("agent-2", now_ms=EXPIRY + 500) is False
+    assert bool(leases.live_among([AGENT], now_ms=EXPIRY + 500)) is True
+    assert bool(leases.live_among(["agent-2"], now_ms=EXPIRY + 500)) is False
 
 
 def test_drop_forgets_the_lease_and_its_queue(leases: Leases) -> None:
     leases.install("host-a", [AGENT, "agent-2"], QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.drop(AGENT)
-    assert leases.is_live(AGENT, now_ms=T0) is False
-    assert leases.queue_of(AGENT) == DEFAULT_QUEUE
+    leases.drop([AGENT])
+    assert bool(leases.live_among([AGENT], now_ms=T0)) is False
+    assert leases.queues_of([AGENT])[0] == DEFAULT_QUEUE
     assert leases.live_agents(now_ms=T0) == ["agent-2"]
-    assert leases.served_batch("host-a", 10) == ["agent-2"]
+    assert leases.still_served("host-a", 10) == ["agent-2"]
     # and a later grant is new again
     assert leases.install("host-a", [AGENT], QUEUE, now_ms=T0 + 1_000, ttl_s=TTL_S) == [AGENT]
 
@@ -132,7 +131,7 @@ def test_renewing_a_host_reports_its_lease_and_its_served_set(
     # a renewal after the lease ran out says so, and renews it
     assert leases.renew_host("host-a", now_ms=T0 + 200_000, ttl_s=TTL_S) == HostRenewal(
         was_valid=False, served=2, digest=both)
-    assert leases.is_live(AGENT, now_ms=T0 + 200_000)
+    assert bool(leases.live_among([AGENT], now_ms=T0 + 200_000))
     redis_client.flushdb()
     assert leases.renew_host("host-a", now_ms=T0 + 220_000, ttl_s=TTL_S) == HostRenewal(
         was_valid=False, served=0, digest=0)
@@ -151,7 +150,7 @@ def test_the_host_digest_follows_every_entry_the_scripts_write(
     assert renew("host-b", now_ms=T0, ttl_s=TTL_S).digest == agent_digest("agent-2")
     leases.install("host-a", [AGENT], QUEUE, now_ms=T0, ttl_s=TTL_S)  # unchanged
     assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == agent_digest(AGENT)
-    leases.drop(AGENT)
+    leases.drop([AGENT])
     assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == 0
     leases.reset_digest("host-a", 12345)
     assert renew("host-a", now_ms=T0, ttl_s=TTL_S).digest == 12345
@@ -162,7 +161,7 @@ def test_an_expired_host_is_forgotten_once_its_agents_are_retired(leases: Leases
     later = EXPIRY + 1
     assert leases.expired_hosts(now_ms=later) == ["host-a"]
     assert leases.forget_host("host-a", now_ms=later) is False  # it still serves agents
-    leases.drop_many(sorted(leases.served_batch("host-a", 10)))
+    leases.drop(sorted(leases.still_served("host-a", 10)))
     assert leases.forget_host("host-a", now_ms=later) is True
     assert leases.expired_hosts(now_ms=later) == []
 
@@ -177,12 +176,12 @@ def test_a_grant_recreates_what_a_flushed_redis_lost(
     new = leases.grant(AGENT, QUEUE, now_ms=T0 + 20_000, ttl_s=TTL_S)
     # then the lease counts as new, and the lease and queue are back
     assert new is True
-    assert leases.is_live(AGENT, now_ms=T0 + 20_000)
-    assert leases.queue_of(AGENT) == QUEUE
+    assert bool(leases.live_among([AGENT], now_ms=T0 + 20_000))
+    assert leases.queues_of([AGENT])[0] == QUEUE
     assert leases.grant(AGENT, QUEUE, now_ms=T0 + 40_000, ttl_s=TTL_S) is False
     # and an entry added now is read by a host consumer (the group comes back on read)
     followups = Followups(redis_client, keys)
-    followups.add(AGENT, "hello", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
+    add_followup(followups, AGENT, "hello", [Pair(scheduleId="schedule-1", occurrenceAt="x")])
     assert [e.text for e in followups.read(AGENT, "host-1")] == ["hello"]
 
 
@@ -191,7 +190,7 @@ def test_a_group_over_an_existing_stream_sees_its_entries(
 ) -> None:
     """Entries re-projected before the lease came back are not skipped by the new group."""
     followups = Followups(redis_client, keys)
-    followups.add(AGENT, "early", [])
+    add_followup(followups, AGENT, "early", [])
     leases.grant(AGENT, QUEUE, now_ms=T0, ttl_s=TTL_S)
     assert [e.text for e in followups.read(AGENT, "host-1")] == ["early"]
 
@@ -229,14 +228,15 @@ def test_an_install_reports_exactly_the_new_leases(leases: Leases) -> None:
     leases.grant("valid", QUEUE, now_ms=T0, ttl_s=TTL_S)
     leases.grant("expired", QUEUE, now_ms=T0 - 120_000, ttl_s=TTL_S, host="gone")
     leases.grant("dropped", QUEUE, now_ms=T0, ttl_s=TTL_S)
-    leases.drop("dropped")
+    leases.drop(["dropped"])
     agents = ["valid", "expired", "dropped", "never"]
     # when all four are installed at once
     new = leases.install("host", agents, "queue-b", now_ms=T0 + 1_000, ttl_s=TTL_S)
     # then the three without a valid lease here are new, in the order given
     assert new == ["expired", "dropped", "never"]
     assert sorted(leases.live_agents(now_ms=T0 + 1_000 + 60_000)) == sorted(agents)
-    assert leases.live_queues(agents, now_ms=T0 + 1_000) == dict.fromkeys(agents, "queue-b")
+    assert leases.live_among(agents, now_ms=T0 + 1_000) == agents
+    assert leases.queues_of(agents) == ["queue-b"] * len(agents)
     # and renewing them again finds none new
     assert leases.install("host", agents, "queue-b", now_ms=T0 + 2_000, ttl_s=TTL_S) == []
     assert leases.install("host", [], QUEUE, now_ms=T0, ttl_s=TTL_S) == []

@@ -1,17 +1,21 @@
-"""A script written for one item, run for a whole batch in one call
-(docs/decisions.md#delivery, "A batch is one command"), on the fake and the real Redis."""
+"""Every script is a ``lua/`` file run one way (an ``EVAL`` of its source), and a script
+written for one item runs for a whole batch in one call (docs/decisions.md#delivery, "A
+batch is one command"), on the fake and the real Redis."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from dsh_schedule.shared.coordination import scripts
-from dsh_schedule.shared.coordination.scripts import run_script_batch
+from dsh_schedule.shared.coordination.scripts import LuaScript
 
 # KEYS[1] a counter; ARGV[1] a step, ARGV[2] a floor. The counter after the step, or nil
 # when it would fall below the floor.
-_STEP = """
+_STEP_SOURCE = """
 local value = tonumber(redis.call('GET', KEYS[1]) or '0') + tonumber(ARGV[1])
 if value < tonumber(ARGV[2]) then
   return nil
@@ -19,6 +23,15 @@ end
 redis.call('SET', KEYS[1], value)
 return value
 """
+
+
+def run_script_batch(client: redis.Redis, body: str, items: list[Any]) -> list[Any]:
+    script = LuaScript()
+    script.source = body
+    return script.run_items(client, items)
+
+
+_STEP = _STEP_SOURCE
 
 
 def test_each_item_gets_its_own_keys_arguments_and_reply_in_order(
@@ -68,3 +81,39 @@ def test_every_script_file_names_its_keys_and_arguments_and_only_its_body_is_sen
         # what Redis receives is the script without its header
         assert not body.lstrip().startswith("--"), name
         assert text.endswith(body), name
+
+
+_PACKAGE = Path(scripts.__file__).resolve().parents[2]  # the package's layer folders
+
+
+def test_no_lua_lives_in_a_python_string_of_the_package() -> None:
+    """Every script is a ``lua/`` file with its KEYS/ARGV header (above), none a string."""
+    layers = [_PACKAGE / name for name in ("shared", "worker", "scheduler", "dsh_schedule")]
+    found = [str(path.relative_to(_PACKAGE)) for layer in layers
+             for path in sorted(layer.rglob("*.py"))
+             if "redis.call(" in path.read_text(encoding="utf-8")]
+    assert found == []
+
+
+def test_scripts_are_never_registered_so_a_flush_cannot_fail_them() -> None:
+    """One way to run a script: ``LuaScript``'s ``EVAL`` (no ``EVALSHA``, no ``SCRIPT LOAD``)."""
+    layers = [_PACKAGE / name for name in ("shared", "worker", "scheduler", "dsh_schedule")]
+    found = [str(path.relative_to(_PACKAGE)) for layer in layers
+             for path in sorted(layer.rglob("*.py"))
+             if path.name != "scripts.py"
+             and any(word in path.read_text(encoding="utf-8")
+                     for word in ("register_script", ".eval(", "evalsha"))]
+    assert found == []
+
+
+def test_a_script_runs_after_redis_lost_every_script(redis_client: redis.Redis) -> None:
+    """A ``SCRIPT FLUSH`` (or a restart) between two calls, on a client and on a pipeline."""
+    script = LuaScript("generation")
+    assert script.run(redis_client, ["marker"], ["first"]) == b"first"
+    redis_client.script_flush()
+    assert script.run(redis_client, ["marker"], ["second"]) == b"first"
+    redis_client.script_flush()
+    with redis_client.pipeline(transaction=False) as pipe:
+        script.queue(pipe, ["marker"], ["third"])
+        LuaScript("phase_claim").queue_items(pipe, [(["p", "w"], ["turn:t", 1000, "0"])])
+        assert pipe.execute() == [b"first", [1]]

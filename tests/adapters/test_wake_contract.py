@@ -20,19 +20,16 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
-from dsh_schedule.shared.coordination.wake import (
-    MOVE_BATCH,
-    MOVE_TAKE,
+from dsh_schedule.shared.coordination.mover import MOVE_BATCH, MOVE_TAKE, move_batch_size
+from dsh_schedule.shared.coordination.wake import ArmRequest, WakeProjection
+from dsh_schedule.shared.coordination.wake_jobs import (
     WAKE_BATCH_FUNC,
     WAKE_DESCRIPTION,
     WAKE_FUNC,
     WAKE_TIMEOUT_S,
-    ArmRequest,
     DueWakes,
     ScheduledWake,
-    WakeProjection,
-    decode_batch,
-    move_batch_size,
+    decode_wakes,
     scheduled_wake,
     wake_agent,
     wake_job_id,
@@ -110,12 +107,11 @@ def test_arm_schedules_a_wake_job_under_the_prefix(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
     # when an agent's wake is armed
-    job_id = wakes.arm(AGENT, T1, queue)
+    job_id = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     # then one job sits in the prefixed schedule at the target's exact millisecond
     assert job_id == f"wake_{AGENT_HEX}_2000000000"
     assert schedule(redis_client, keys) == {job_id: S1}
-    assert wakes.is_scheduled(job_id)
-    assert wakes.current(AGENT) == job_id
+    assert wakes.projections([AGENT])[0].wake == job_id
     # and the job (restored by rq) stands for the wake of that agent and target on the given
     # queue, keeping no result
     job = Job.fetch(job_id, connection=redis_client)
@@ -131,7 +127,7 @@ def test_a_wake_job_is_the_job_rq_itself_saves(
     wakes: WakeProjection, redis_client: redis.Redis, queue: str
 ) -> None:
     # given the job rq's own Job.save writes for the same wake, under another id
-    job_id = str(wakes.arm(AGENT, T1, queue))
+    job_id = str(wakes.arm([ArmRequest(AGENT, T1, queue)])[0])
     reference = Job.create(WAKE_FUNC, connection=redis_client, description=WAKE_DESCRIPTION,
                            result_ttl=0, ttl=None, id="reference", timeout=WAKE_TIMEOUT_S,
                            status=JobStatus.SCHEDULED, origin=queue)
@@ -158,7 +154,7 @@ def test_an_idle_agents_wake_job_is_a_listpack(
 ) -> None:
     # given an agent's wake armed on a real redis-server, at its default configuration
     wakes = Coordination(real_redis, settings).wakes
-    job_id = str(wakes.arm(agent, T1, settings.queue))
+    job_id = str(wakes.arm([ArmRequest(agent, T1, settings.queue)])[0])
     # then its job hash is a compact listpack, whatever the length of the agent id
     assert real_redis.object("encoding", Job.key_for(job_id)) == b"listpack"
     # and the mover still hands on that agent's wake for that target
@@ -184,10 +180,10 @@ def test_a_wake_armed_before_the_slimmed_job_hash_still_moves(
 ) -> None:
     # given a wake left in Redis by the previous code, beside one armed now
     old = old_format_wake(redis_client, keys, AGENT, T1, queue)
-    wakes.arm("agent-2", T1 + 1, queue)
+    wakes.arm([ArmRequest("agent-2", T1 + 1, queue)])
     # then the new code knows it as the agent's current wake, for that target
-    assert wakes.current(AGENT) == old
-    assert wakes.arm(AGENT, T1, queue) == old
+    assert wakes.projections([AGENT])[0].wake == old
+    assert wakes.arm([ArmRequest(AGENT, T1, queue)])[0] == old
     # and the mover hands on both, each for its own agent and target, once
     assert wakes.move_due(T2) == 2
     assert handed_on(redis_client, queue) == [(AGENT, T1), ("agent-2", T1 + 1)]
@@ -201,13 +197,13 @@ def test_arming_more_wakes_than_one_call_holds_writes_each_once(
 ) -> None:
     # given 250 agents armed once (three write calls), then each superseded by a new target
     agents = [f"agent-{i:03d}" for i in range(250)]
-    first = wakes.arm_many([ArmRequest(a, T1 + i, queue) for i, a in enumerate(agents)])
-    second = wakes.arm_many([ArmRequest(a, T2 + i, queue) for i, a in enumerate(agents)])
+    first = wakes.arm([ArmRequest(a, T1 + i, queue) for i, a in enumerate(agents)])
+    second = wakes.arm([ArmRequest(a, T2 + i, queue) for i, a in enumerate(agents)])
     # then each agent has exactly its newest wake, scheduled at its own millisecond
     assert schedule(redis_client, keys) == {
         str(job_id): (T2 + i) / 1000 for i, job_id in enumerate(second)}
     for i, (agent, old, new) in enumerate(zip(agents, first, second, strict=True)):
-        assert wakes.current(agent) == new
+        assert wakes.projections([agent])[0].wake == new
         assert armed_wake(redis_client, keys, str(new)) == (agent, T2 + i)
         assert not job_exists(redis_client, str(old))
 
@@ -215,10 +211,10 @@ def test_arming_more_wakes_than_one_call_holds_writes_each_once(
 def test_arming_the_same_target_again_is_a_no_op(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
-    job_id = wakes.arm(AGENT, T1, queue)
-    assert wakes.arm(AGENT, T1, queue) == job_id
+    job_id = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
+    assert wakes.arm([ArmRequest(AGENT, T1, queue)])[0] == job_id
     assert schedule(redis_client, keys) == {job_id: S1}
-    assert wakes.current(AGENT) == job_id
+    assert wakes.projections([AGENT])[0].wake == job_id
     assert armed_wake(redis_client, keys, str(job_id)) == (AGENT, T1)
     assert redis_client.exists(keys.wake_counter(AGENT)) == 0
 
@@ -228,15 +224,15 @@ def test_arming_a_new_target_supersedes_the_current_wake(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str, new_ms: int
 ) -> None:
     # given a current wake
-    old = wakes.arm(AGENT, T1, queue)
+    old = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     assert old is not None
     # when the agent's next decision time changes
-    new = wakes.arm(AGENT, new_ms, queue)
+    new = wakes.arm([ArmRequest(AGENT, new_ms, queue)])[0]
     # then only the new wake is scheduled and the old job is gone
     assert new == wake_job_id(AGENT, new_ms)
     assert schedule(redis_client, keys) == {new: new_ms / 1000}
     assert not job_exists(redis_client, old)
-    assert wakes.current(AGENT) == new
+    assert wakes.projections([AGENT])[0].wake == new
 
 
 @pytest.mark.parametrize("new_ms", [T1 + 1, T1 - 500, T1 + 499], ids=["+1ms", "-500ms", "+499ms"])
@@ -244,59 +240,59 @@ def test_a_new_target_in_the_same_second_supersedes_the_current_wake(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str, new_ms: int
 ) -> None:
     # given a current wake, still waiting in the schedule
-    old = wakes.arm(AGENT, T1, queue)
+    old = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     assert old is not None
     # when the agent's next decision time moves by less than a second
-    new = wakes.arm(AGENT, new_ms, queue)
+    new = wakes.arm([ArmRequest(AGENT, new_ms, queue)])[0]
     # then the new target is scheduled at its own millisecond under a fresh id (the old id's
     # job still existed when the new one was chosen), and the old wake is gone
     assert new == f"{old}_1"
     assert schedule(redis_client, keys) == {new: new_ms / 1000}
     assert not job_exists(redis_client, old)
-    assert wakes.current(AGENT) == new
+    assert wakes.projections([AGENT])[0].wake == new
     assert armed_wake(redis_client, keys, new) == (AGENT, new_ms)
 
 
 def test_arm_none_retires_the_current_wake(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
-    old = wakes.arm(AGENT, T1, queue)
+    old = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     assert old is not None
-    assert wakes.arm(AGENT, None, queue) is None
+    assert wakes.arm([ArmRequest(AGENT, None, queue)])[0] is None
     assert schedule(redis_client, keys) == {}
     assert not job_exists(redis_client, old)
-    assert wakes.current(AGENT) is None
+    assert wakes.projections([AGENT])[0].wake is None
     assert redis_client.exists(keys.current_wake(AGENT)) == 0
 
 
 def test_arm_none_without_a_wake_is_harmless(
     wakes: WakeProjection, redis_client: redis.Redis, queue: str
 ) -> None:
-    assert wakes.arm(AGENT, None, queue) is None
-    assert wakes.current(AGENT) is None
+    assert wakes.arm([ArmRequest(AGENT, None, queue)])[0] is None
+    assert wakes.projections([AGENT])[0].wake is None
     assert redis_client.dbsize() == 0
 
 
 def test_cancel_retires_the_current_wake(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
-    old = wakes.arm(AGENT, T1, queue)
+    old = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     assert old is not None
-    wakes.cancel(AGENT)
+    wakes.cancel([AGENT])
     assert schedule(redis_client, keys) == {}
     assert not job_exists(redis_client, old)
-    assert wakes.current(AGENT) is None
+    assert wakes.projections([AGENT])[0].wake is None
 
 
 def test_wakes_of_different_agents_are_independent(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
-    mine = wakes.arm(AGENT, T1, queue)
-    theirs = wakes.arm("agent-2", T1, queue)
+    mine = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
+    theirs = wakes.arm([ArmRequest("agent-2", T1, queue)])[0]
     assert mine != theirs
-    wakes.arm(AGENT, None, queue)
+    wakes.arm([ArmRequest(AGENT, None, queue)])
     assert schedule(redis_client, keys) == {theirs: S1}
-    assert wakes.current("agent-2") == theirs
+    assert wakes.projections(["agent-2"])[0].wake == theirs
 
 
 def handed_on(client: redis.Redis, queue: str) -> list[tuple[str, int]]:
@@ -304,7 +300,7 @@ def handed_on(client: redis.Redis, queue: str) -> list[tuple[str, int]]:
     items: list[tuple[str, int]] = []
     for job in Queue(queue, connection=client).jobs:
         assert (job.func_name, job.result_ttl) == (WAKE_BATCH_FUNC, 0)
-        batch = decode_batch(job.args[0])
+        batch = decode_wakes(job.args[0])
         assert isinstance(batch, DueWakes)
         items.extend((wake.agent, wake.target_ms) for wake in batch.wakes)
     return items
@@ -315,7 +311,7 @@ def handed_on_among_others(client: redis.Redis, queue: str) -> list[tuple[str, i
     items: list[tuple[str, int]] = []
     for job in Queue(queue, connection=client).jobs:
         if job.func_name == WAKE_BATCH_FUNC:
-            batch = decode_batch(job.args[0])
+            batch = decode_wakes(job.args[0])
             assert isinstance(batch, DueWakes)
             items.extend((wake.agent, wake.target_ms) for wake in batch.wakes)
     return items
@@ -342,8 +338,8 @@ def test_move_due_hands_on_only_wakes_whose_target_has_come(
     moved: int,
 ) -> None:
     # given two agents' wakes a minute apart
-    first = wakes.arm(AGENT, T1, queue)
-    second = wakes.arm("agent-2", T2, queue)
+    first = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
+    second = wakes.arm([ArmRequest("agent-2", T2, queue)])[0]
     assert first is not None and second is not None
     # when the mover runs at now
     count = wakes.move_due(now_ms)
@@ -362,8 +358,9 @@ def test_move_due_hands_a_wake_to_its_own_queue_in_batches(
 ) -> None:
     agents = [f"agent-{i:02d}" for i in range(MOVE_BATCH + 5)]
     for i, agent in enumerate(agents):
-        wakes.arm(agent, T1 - i, queue)  # later-armed wakes are earlier targets
-    wakes.arm("theirs", T1, "elsewhere")
+        # later-armed wakes are earlier targets
+        wakes.arm([ArmRequest(agent, T1 - i, queue)])
+    wakes.arm([ArmRequest("theirs", T1, "elsewhere")])
     assert wakes.move_due(T1) == len(agents) + 1
     jobs = Queue(queue, connection=redis_client).jobs
     # no worker is registered on the queue: as one worker's, MOVE_BATCH to a job
@@ -378,7 +375,7 @@ def test_move_due_shares_a_burst_among_the_queues_workers(
     # given three workers registered on the queue, as rq registers them
     redis_client.sadd(WORKERS_BY_QUEUE_KEY % queue, "rq:worker:a", "rq:worker:b", "rq:worker:c")
     for i in range(300):
-        wakes.arm(f"agent-{i:03d}", T1 - 300 + i, queue)
+        wakes.arm([ArmRequest(f"agent-{i:03d}", T1 - 300 + i, queue)])
     # when 300 wakes come due at once, then each worker gets a job of 100
     assert wakes.move_due(T1) == 300
     jobs = Queue(queue, connection=redis_client).jobs
@@ -403,7 +400,7 @@ def test_no_wake_is_handed_on_before_its_millisecond(
     # given one wake at each millisecond T+1 ... T+999 of one second, armed in shuffled order
     second = 2_000_000_000_000
     targets = [second + (ms * 379) % 1000 for ms in range(1, 1000)]
-    wakes.arm_many([ArmRequest(f"agent-{t % 1000:03d}", t, queue) for t in targets])
+    wakes.arm([ArmRequest(f"agent-{t % 1000:03d}", t, queue) for t in targets])
     # when the mover runs half-way through that second
     assert wakes.move_due(second + 500) == 500
     # then exactly the wakes at or before T+500 are handed on, in target order
@@ -431,7 +428,7 @@ def test_a_job_of_another_kind_is_moved_as_rq_scheduler_moves_it(
 ) -> None:
     # given a wake and two jobs of another kind in the same schedule: a one-shot at T1's
     # whole second and a repeating one
-    wake = wakes.arm(AGENT, T1, queue)
+    wake = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     assert wake is not None
     at = datetime.fromtimestamp(T1 // 1000, UTC)
     wakes.scheduler.enqueue_at(at, OTHER_FUNC, job_id="other-once", queue_name=queue)
@@ -453,9 +450,9 @@ def test_an_unreadable_wake_job_spares_the_rest_of_the_pass(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
     # given two due wakes, one of whose job hashes no longer decodes
-    broken = wakes.arm(AGENT, T1, queue)
+    broken = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     assert broken is not None
-    wakes.arm("agent-2", T1 + 1, queue)
+    wakes.arm([ArmRequest("agent-2", T1 + 1, queue)])
     redis_client.hset(Job.key_for(broken), "data", b"not a job")
     # when the mover runs
     assert wakes.move_due(T2) == 1
@@ -499,7 +496,7 @@ def test_a_burst_moves_in_a_bounded_number_of_round_trips(
         ArmRequest(f"agent-{i:04d}", T1 + i, queue if i % 3 else "elsewhere")
         for i in range(burst)
     ]
-    wakes.arm_many(requests)
+    wakes.arm(requests)
     # when the mover moves them, counting every round trip it makes
     CountingConnection.sends = 0
     assert wakes.move_due(T1 + burst) == burst
@@ -522,7 +519,7 @@ def test_a_moved_wake_hands_on_once_even_when_two_movers_run(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str,
     settings: Settings,
 ) -> None:
-    wakes.arm(AGENT, T1, queue)
+    wakes.arm([ArmRequest(AGENT, T1, queue)])
     other = Coordination(redis_client, settings).wakes
     assert wakes.move_due(T1) == 1
     assert other.move_due(T1) == 0
@@ -536,13 +533,13 @@ def test_a_wake_id_whose_job_still_exists_is_never_rescheduled(
     base = wake_job_id(AGENT, T1)
     Queue(queue, connection=redis_client).enqueue(WAKE_FUNC, AGENT, T1, job_id=base)
     # when the owner arms that target
-    again = wakes.arm(AGENT, T1, queue)
+    again = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     # then a suffixed id is scheduled and the queued job is left untouched
     assert again == f"{base}_1"
     assert schedule(redis_client, keys) == {again: S1}
     assert queued(redis_client, queue) == [base]
     assert job_exists(redis_client, base)
-    assert wakes.current(AGENT) == again
+    assert wakes.projections([AGENT])[0].wake == again
     job = Job.fetch(again, connection=redis_client)
     assert (job.func_name, armed_wake(redis_client, keys, again), job.result_ttl, job.origin) == (
         WAKE_FUNC,
@@ -551,17 +548,17 @@ def test_a_wake_id_whose_job_still_exists_is_never_rescheduled(
         queue,
     )
     # and arming that target once more is a no-op on the suffixed id
-    assert wakes.arm(AGENT, T1, queue) == again
+    assert wakes.arm([ArmRequest(AGENT, T1, queue)])[0] == again
     assert schedule(redis_client, keys) == {again: S1}
 
 
 def test_re_arming_a_handed_on_target_schedules_its_id_afresh(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
-    first = wakes.arm(AGENT, T1, queue)
+    first = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     wakes.move_due(T1)
     # the handed-on wake's own job is gone, so its id is free again
-    assert wakes.arm(AGENT, T1, queue) == first
+    assert wakes.arm([ArmRequest(AGENT, T1, queue)])[0] == first
     assert schedule(redis_client, keys) == {first: S1}
 
 
@@ -569,13 +566,13 @@ def test_superseding_after_a_hand_on_leaves_the_batch_alone(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
     # given the current wake already handed on to the queue
-    wakes.arm(AGENT, T1, queue)
+    wakes.arm([ArmRequest(AGENT, T1, queue)])
     wakes.move_due(T1)
     # when a new target is armed, and then the wake is retired
-    new = wakes.arm(AGENT, T3, queue)
+    new = wakes.arm([ArmRequest(AGENT, T3, queue)])[0]
     assert new == wake_job_id(AGENT, T3)
     assert schedule(redis_client, keys) == {new: T3 / 1000}
-    wakes.arm(AGENT, None, queue)
+    wakes.arm([ArmRequest(AGENT, None, queue)])
     # then the batch is still there to run (its wake finds nothing due and returns)
     assert handed_on(redis_client, queue) == [(AGENT, T1)]
     assert schedule(redis_client, keys) == {}
@@ -585,7 +582,7 @@ def test_trigger_enqueues_an_immediate_wake(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
     # given a scheduled wake
-    scheduled = wakes.arm(AGENT, T1, queue)
+    scheduled = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     # when an immediate wake is triggered
     wakes.trigger(AGENT, queue)
     # then a job for the agent, without a target, waits on the queue right away
@@ -599,24 +596,24 @@ def test_trigger_enqueues_an_immediate_wake(
     )
     # and the scheduled wake is untouched
     assert schedule(redis_client, keys) == {scheduled: S1}
-    assert wakes.current(AGENT) == scheduled
+    assert wakes.projections([AGENT])[0].wake == scheduled
 
 
 def test_every_key_the_projection_writes_is_under_the_prefix(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:
     # given every write path: arm, no-op, supersede, move, suffixed re-arm, trigger, retire
-    wakes.arm(AGENT, T1, queue)
-    wakes.arm(AGENT, T1, queue)
-    wakes.arm(AGENT, T2, queue)
+    wakes.arm([ArmRequest(AGENT, T1, queue)])
+    wakes.arm([ArmRequest(AGENT, T1, queue)])
+    wakes.arm([ArmRequest(AGENT, T2, queue)])
     wakes.move_due(T2)
     Queue(queue, connection=redis_client).enqueue(
         WAKE_FUNC, AGENT, T2, job_id=wake_job_id(AGENT, T2)
     )  # a job still under the would-be id
-    wakes.arm(AGENT, T2, queue)
+    wakes.arm([ArmRequest(AGENT, T2, queue)])
     wakes.trigger(AGENT, queue)
-    wakes.arm("agent-2", T3, queue)
-    wakes.arm("agent-2", None, queue)
+    wakes.arm([ArmRequest("agent-2", T3, queue)])
+    wakes.arm([ArmRequest("agent-2", None, queue)])
     # when the whole keyspace is listed
     written = {k.decode() for k in redis_client.scan_iter(match="*")}
     # then everything but rq's own job, queue and queue-registry keys carries the prefix

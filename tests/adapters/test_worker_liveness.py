@@ -12,7 +12,7 @@ from rq import Queue
 
 from dsh_schedule.scheduler.process import recover_dead_workers
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wake import decode_batch
+from dsh_schedule.shared.coordination.wake_jobs import decode_wakes
 from dsh_schedule.shared.coordination.workers import Held
 from dsh_schedule.shared.settings import Settings
 
@@ -30,7 +30,7 @@ def _hold(coord: Coordination, name: str, queue: str, *agents: str) -> None:
 def _woken(coord: Coordination, queue: str) -> list[str]:
     woken: list[str] = []
     for job in Queue(queue, connection=coord.client).get_jobs():
-        woken.extend(decode_batch(job.args[0]).agents)  # type: ignore[union-attr]
+        woken.extend(decode_wakes(job.args[0]).agents)  # type: ignore[union-attr]
     return woken
 
 

@@ -22,7 +22,14 @@ from dsh_schedule.shared.core.events import Event, NewEvent
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
 from dsh_schedule.worker.due import WakeOutcome
-from tests.support import FakeClock, dispatch_records, new_session, reminder_texts
+from tests.support import (
+    FakeClock,
+    add_followup,
+    dispatch_records,
+    new_session,
+    phase_holder,
+    reminder_texts,
+)
 
 
 def _system(redis_client: redis.Redis, settings: Settings, store: MemoryStore | None = None,
@@ -77,7 +84,7 @@ def test_a_batch_dispatches_each_due_agent_once_and_arms_the_rest(
         assert system.coordination.followups.waiting(name) == 1
         assert system.store.load(name)[1].active == ()
     assert dispatch_records(system.store, "later") == []
-    assert system.coordination.wakes.current("later") is not None
+    assert system.coordination.wakes.projections(["later"])[0].wake is not None
     system.step()  # the host delivers each once
     assert all(len(reminder_texts(system.store, name)) == 1 for name in due)
 
@@ -116,7 +123,7 @@ def test_an_agent_in_a_turn_waits_for_idle_and_spares_the_batch(
     assert dispatch_records(system.store, "busy") == []
     assert len(dispatch_records(system.store, "idle")) == 1
     assert redis_client.exists(system.coordination.keys.idle_waiter("busy"))
-    assert phase.holder("idle") is None  # every maintenance phase of the batch released
+    assert phase_holder(phase, "idle") is None  # every maintenance phase of the batch released
 
 
 class _InterposingStore(MemoryStore):
@@ -239,7 +246,7 @@ def test_the_host_delivers_many_agents_together_each_once(
         assert reminder_texts(system.store, name) == [delivery.text]
         assert f"reminder for {name}" in delivery.text
         assert system.coordination.followups.waiting(name) == 0
-        assert system.coordination.phase.holder(name) is None  # every turn released
+        assert phase_holder(system.coordination.phase, name) is None  # every turn released
     assert system.host.serve(0.0) == []  # nothing is delivered twice
 
 
@@ -255,7 +262,7 @@ def test_an_agent_in_a_turn_is_handed_back_and_delivered_once_it_ends(
 
     assert [name for name, _d in first] == ["free"]
     assert reminder_texts(system.store, "talking") == []
-    phase.release("talking", "turn", "tok")
+    phase.release_many(["talking"], "turn", "tok")[0]
     clock.advance(1.5)  # the bridge names a busy agent again after a second
     assert [name for name, _d in system.host.serve(0.0)] == ["talking"]
     assert len(reminder_texts(system.store, "talking")) == 1
@@ -285,7 +292,7 @@ def test_a_round_that_empties_a_stream_does_not_read_it_again(
     system, clock = _system(redis_client, settings)
     _dispatched(system, clock, ["one", "two"])
     followups = system.coordination.followups
-    followups.add("two", "a second entry", [])  # "two" holds two entries now
+    add_followup(followups, "two", "a second entry", [])  # "two" holds two entries now
     bridge = system.host.plugin.bridge
 
     with bridge.turns(["one", "two"]) as held:
@@ -382,7 +389,7 @@ def test_a_create_releases_its_lock_in_the_re_arms_own_write(
     # take the lock; one read for the re-arm; one write that arms and releases the lock
     assert round_trips[0] - before == 3
     assert not real_redis.exists(system.coordination.keys.lock("a1"))
-    assert system.coordination.wakes.current("a1") is not None
+    assert system.coordination.wakes.projections(["a1"])[0].wake is not None
 
 
 def test_opening_many_agents_enqueues_their_wakes_together(
@@ -390,7 +397,7 @@ def test_opening_many_agents_enqueues_their_wakes_together(
 ) -> None:
     from rq import Queue
 
-    from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
+    from dsh_schedule.shared.coordination.wake_jobs import ImmediateWakes, decode_wakes
 
     system, _clock = _system(redis_client, settings)
     queue = Queue(settings.queue, connection=redis_client)
@@ -402,7 +409,7 @@ def test_opening_many_agents_enqueues_their_wakes_together(
     system.host.open_roots(many)
     jobs = queue.jobs
     assert [job.func_name for job in jobs] == ["dsh_schedule.worker.job.wake_batch"]
-    assert decode_batch(jobs[0].args[0]) == ImmediateWakes(agents=tuple(many))
+    assert decode_wakes(jobs[0].args[0]) == ImmediateWakes(agents=tuple(many))
 
     queue.empty()
     system.host.open_root("one")  # alone: its own wake, at once, as before

@@ -754,7 +754,7 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
         run.note("wall-clock skews: " + ", ".join(f"{name} {skew:+d} s"
                                                    for name, skew in run.skews.items()))
         coordination = Coordination(client, Settings.from_env(run.env))
-        assert wait_until(lambda: all(coordination.leases.is_live(s, now_ms=_now_ms())
+        assert wait_until(lambda: all(bool(coordination.leases.live_among([s], now_ms=_now_ms()))
                                       for s in SESSIONS)), run.context()
         run.create_one_shots(plan[-1].end_s)
         run.note("plan: " + ", ".join(step.describe() for step in plan))

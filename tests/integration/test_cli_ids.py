@@ -16,6 +16,7 @@ import redis
 from dsh_schedule.cli.parser import main
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.wake import ArmRequest
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.status import read_status, render_status
 from dsh_schedule.terminal import terminal_json, terminal_text
@@ -136,7 +137,7 @@ def test_status_shows_hostile_agent_ids_escaped(
     # given a wake armed for an agent whose id holds escapes and line breaks
     coordination = Coordination(redis_client, settings)
     now = wall_clock_ms()
-    coordination.wakes.arm(HOSTILE, now + 60_000, settings.queue)
+    coordination.wakes.arm([ArmRequest(HOSTILE, now + 60_000, settings.queue)])
 
     # when status renders what it read
     report = read_status(redis_client, settings, now_ms=now)

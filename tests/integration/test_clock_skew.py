@@ -105,8 +105,9 @@ class SkewRun:
         for name, skew in (("host", host), ("worker", worker), ("scheduler", scheduler)):
             args = ("host", SESSION) if name == "host" else (name,)
             self.procs.spawn(name, *args, env={SKEW_ENV: str(skew)} if skew else None)
-        assert wait_until(lambda: self.coordination.leases.is_live(
-            SESSION, now_ms=self.coordination.server_time_ms()), timeout=60), \
+        coord = self.coordination
+        assert wait_until(lambda: bool(coord.leases.live_among([SESSION], now_ms=coord.clock())),
+                          timeout=60), \
             self.procs.describe()
 
     def create(self, prompt: str, after_s: int, *, skew: float = 0) -> None:

@@ -243,7 +243,7 @@ def test_a_dead_hosts_agent_is_taken_over_and_its_reminder_delivered_once(
     leases = first.coordination.leases
     if taken_over == "after-its-lease-expired":
         # the scheduler retires its agents once its lease ran out
-        assert wait_until(lambda: not leases.is_live(session, now_ms=first.clock()), 30)
+        assert wait_until(lambda: not bool(leases.live_among([session], now_ms=first.clock())), 30)
         assert wait_until(lambda: leases.expired_hosts(now_ms=first.clock()) == [], 30)
     # when another host (or the same one, started again: a new host) opens the session
     second = deployment.host(session)
@@ -287,7 +287,7 @@ def test_a_flush_is_found_by_the_generation_marker_and_every_wake_comes_back(
         assert wait_until(lambda: system.client.zcard(scheduled) == 50, 30), \
             system.procs.describe()
         assert renewals == []
-        assert all(host.coordination.leases.is_live(s, now_ms=host.clock())
+        assert all(bool(host.coordination.leases.live_among([s], now_ms=host.clock()))
                    for s in sessions)
     finally:
         system.close()
@@ -317,7 +317,7 @@ def test_a_rearm_that_failed_after_a_durable_create_is_repaid_when_redis_is_back
         created = _create(host, session, {"prompt": "water the plants", "after_seconds": 3})
         assert created["id"]  # the answer stands: the record is in the log
         assert host.plugin.tools.owed.owed() == [session]
-        assert host.coordination.wakes.current(session) is None
+        assert host.coordination.wakes.projections([session])[0].wake is None
         # then, once Redis takes writes again, the host repays the owed wake, which arms
         # the reminder, and it is delivered once
         undo[0]()

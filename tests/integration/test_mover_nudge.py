@@ -14,6 +14,7 @@ from rq import Queue
 from dsh_schedule.scheduler.process import SchedulerLoop
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.wake import ArmRequest
 from dsh_schedule.shared.settings import Settings
 
 pytestmark = pytest.mark.redis
@@ -32,7 +33,7 @@ def test_a_wake_armed_while_the_scheduler_sleeps_is_moved_before_the_interval_en
         time.sleep(0.5)  # the first pass has run; the loop now blocks for the interval
 
         # when a wake is armed for 300 ms from now
-        coordination.wakes.arm("agent-1", wall_clock_ms() + 300, slow.queue)
+        coordination.wakes.arm([ArmRequest("agent-1", wall_clock_ms() + 300, slow.queue)])
 
         # then it is handed on long before the 30 s interval would have ended
         queue = Queue(slow.queue, connection=real_redis)

@@ -36,7 +36,7 @@ from dsh_schedule.shared.logging_setup import (
 from dsh_schedule.shared.settings import LogSettings, Settings, SettingsError
 from dsh_schedule.shared.store.memory import MemoryStore
 from dsh_schedule.worker.due import WakeOutcome
-from tests.support import FakeClock, new_session, reminder_texts
+from tests.support import FakeClock, add_followup, new_session, reminder_texts
 
 
 @pytest.fixture
@@ -143,10 +143,10 @@ def test_a_lost_followup_counts_as_reprojected_and_a_stray_one_as_dropped(
     system.coordination.wakes.move_due(clock())
     system.worker.work(burst=True, logging_level="WARNING")  # dispatched, not delivered
     assert sample(recorder, "dsh_schedule_dispatches_total", kind="one-shot") == 1
-    system.coordination.followups.drop(session)  # the followup is lost from Redis
-    system.coordination.trigger(session)  # its next wake re-projects it from the log
+    system.coordination.followups.drop([session])  # the followup is lost from Redis
+    system.coordination.trigger_many([session])  # its next wake re-projects it from the log
     system.worker.work(burst=True, logging_level="WARNING")
-    system.coordination.followups.add(session, "stray", [])  # no dispatch covers this
+    add_followup(system.coordination.followups, session, "stray", [])  # no dispatch covers this
     system.step()
     assert len(reminder_texts(system.store, session)) == 1
     assert sample(recorder, "dsh_schedule_deliveries_total", outcome="reprojected") == 1
@@ -203,8 +203,8 @@ def test_the_reconcile_pass_sets_the_gauges(
     clock.advance(2)
     system.coordination.wakes.move_due(clock())
     system.worker.work(burst=True, logging_level="WARNING")  # s2 dispatched, not delivered
-    system.coordination.followups.add("s2", "stray", [])
-    system.coordination.followups.add("s3", "stray", [])
+    add_followup(system.coordination.followups, "s2", "stray", [])
+    add_followup(system.coordination.followups, "s3", "stray", [])
     reconciler = Reconciler(system.coordination, settings)
     reconciler.reconcile(now_ms=clock())
     assert sample(recorder, "dsh_schedule_live_agents") == 3

@@ -64,7 +64,8 @@ def test_processes_ride_out_an_outage_and_deliver_once_when_redis_is_back(
         procs.spawn("host", "host", SESSION)
         procs.spawn("worker", "worker")
         procs.spawn("scheduler", "scheduler")
-        assert wait_until(lambda: coordination.leases.is_live(SESSION, now_ms=_now_ms())), (
+        assert wait_until(
+            lambda: bool(coordination.leases.live_among([SESSION], now_ms=_now_ms()))), (
             "the host never took its lease\n" + procs.describe())
 
         created = procs.run("call", SESSION, "schedule_create",

@@ -75,7 +75,8 @@ def test_host_and_scheduler_ride_out_an_error_reply_and_deliver_once_afterwards(
         assert procs.run("session", "create", SESSION).returncode == 0
         procs.spawn("host", "host", SESSION)
         procs.spawn("scheduler", "scheduler")
-        assert wait_until(lambda: coordination.leases.is_live(SESSION, now_ms=_now_ms())), (
+        assert wait_until(
+            lambda: bool(coordination.leases.live_among([SESSION], now_ms=_now_ms()))), (
             "the host never took its lease\n" + procs.describe())
         created = procs.run("call", SESSION, "schedule_create",
                             json.dumps({"prompt": "through the refusal",

@@ -12,11 +12,11 @@ from rq import Queue
 from dsh_schedule.host.plugin import CompositionError, SchedulePlugin
 from dsh_schedule.host.reference import Agent, AgentRegistry
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake_jobs import ImmediateWakes, decode_wakes
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
-from tests.support import FakeClock, new_session, value
+from tests.support import FakeClock, add_followup, new_session, value
 
 
 @pytest.fixture
@@ -66,16 +66,16 @@ def test_disposal_stops_new_work_cancels_the_wake_and_appends_nothing(
     registry.publish(agent)
     _d, create = agent.tools["schedule_create"]
     assert not create({"prompt": "x", "after_seconds": 600}).is_error
-    assert coordination.wakes.current("s1") is not None
+    assert coordination.wakes.projections(["s1"])[0].wake is not None
     before = store.read("s1").events
 
     plugin.dispose()
 
     assert store.read("s1").events == before  # no delete records on teardown
     assert [r.id for r in store.load("s1")[1].active] == ["schedule-1"]
-    assert coordination.wakes.current("s1") is None
+    assert coordination.wakes.projections(["s1"])[0].wake is None
     assert not redis_client.zcard(coordination.wakes.scheduler.scheduled_jobs_key)
-    assert not coordination.leases.is_live("s1", now_ms=clock())
+    assert not bool(coordination.leases.live_among(["s1"], now_ms=clock()))
     refused = create({"prompt": "y", "after_seconds": 600})
     assert refused.is_error and value(refused.content)["code"] == "internal_error"
     assert not any(e.type == SCHEDULE_CHANGE and e.data["operation"] == "delete"
@@ -140,9 +140,9 @@ def test_renewal_renews_the_host_and_installs_everything_in_one_batch_after_a_fl
     clock.advance(settings.lease_renew_s)
     assert plugin.renew_leases() == names
     assert calls == [names]
-    woken = [decode_batch(job.args[0]) for job in queue.jobs]
+    woken = [decode_wakes(job.args[0]) for job in queue.jobs]
     assert woken == [ImmediateWakes(agents=tuple(names))]
-    assert all(coordination.leases.is_live(n, now_ms=clock()) for n in names)
+    assert all(bool(coordination.leases.live_among([n], now_ms=clock())) for n in names)
 
 
 def _plugin_with_reminders(real_redis: redis.Redis, settings: Settings, store: MemoryStore,
@@ -168,7 +168,7 @@ def test_disposing_many_agents_costs_the_same_round_trips_and_forgets_each(
     def round_trips_to_dispose(names: list[str]) -> int:
         plugin, coordination = _plugin_with_reminders(real_redis, settings, store, names)
         for name in names:
-            coordination.followups.add(name, "text", [])
+            add_followup(coordination.followups, name, "text", [])
         agent_keys = [key for name in names for key in (
             coordination.keys.current_wake(name), coordination.keys.followups(name))]
         assert real_redis.exists(*agent_keys) == len(agent_keys)

@@ -133,8 +133,7 @@ def test_a_postgres_restart_mid_burst_loses_nothing_and_duplicates_nothing(
         procs.spawn("worker", "worker")
         procs.spawn("scheduler", "scheduler")
         deadline = time.monotonic() + 60
-        while not all(coordination.leases.is_live(a, now_ms=wall_clock_ms())
-                      for a in _agents()):
+        while coordination.leases.live_among(_agents(), now_ms=wall_clock_ms()) != _agents():
             assert time.monotonic() < deadline, "the host took no lease\n" + procs.describe()
             time.sleep(0.2)
         base_ms = wall_clock_ms() + 8000

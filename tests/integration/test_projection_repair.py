@@ -16,6 +16,7 @@ from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.coordination.wake import ArmRequest
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -198,11 +199,11 @@ def test_the_scheduler_retires_a_host_whose_agent_lost_its_entry_and_keeps_movin
     """An expired host's served set holds an agent whose agent-host entry was lost: the
     retire pass ends, the mover moves another host's wake, and SIGTERM stops it."""
     coord = Coordination(real_redis, settings)
-    keys, now = coord.keys, coord.server_time_ms()
+    keys, now = coord.keys, coord.clock()
     coord.leases.install("host-a", ["a1"], settings.queue, now_ms=now - 120_000, ttl_s=1)
     real_redis.hdel(keys.agent_host(), "a1")
     coord.leases.install("host-b", ["b1"], settings.queue, now_ms=now, ttl_s=600)
-    coord.wakes.arm("b1", now + 2_000, settings.queue)
+    coord.wakes.arm([ArmRequest("b1", now + 2_000, settings.queue)])
     env = process_env(settings.redis_url or "", settings.sessions, PREFIX=settings.prefix,
                       QUEUE=settings.queue, RECONCILE_INTERVAL="1")
     procs = Processes(tmp_path, env)

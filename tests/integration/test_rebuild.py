@@ -13,10 +13,11 @@ from dsh_schedule.host.bridge import HostBridge
 from dsh_schedule.scheduler.process import Reconciler, rebuild
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Pair
-from dsh_schedule.shared.coordination.wake import ImmediateWakes, decode_batch
+from dsh_schedule.shared.coordination.wake import ArmRequest
+from dsh_schedule.shared.coordination.wake_jobs import ImmediateWakes, decode_wakes
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
-from tests.support import FakeClock, new_session, reminder_texts
+from tests.support import FakeClock, add_followup, new_session, reminder_texts
 
 
 def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
@@ -29,8 +30,9 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
     for agent, bridge in (("live", staying), ("ended", leaving)):
         new_session(store, agent)
         bridge.install(agent)
-        coordination.followups.add(agent, "text", [Pair(scheduleId="s", occurrenceAt="x")])
-        coordination.wakes.arm(agent, clock() + 60_000, settings.queue)
+        add_followup(coordination.followups, agent, "text",
+                     [Pair(scheduleId="s", occurrenceAt="x")])
+        coordination.wakes.arm([ArmRequest(agent, clock() + 60_000, settings.queue)])
     queue = Queue(settings.queue, connection=redis_client)
     queue.empty()
     clock.advance(20)
@@ -40,14 +42,14 @@ def test_rebuild_wakes_live_agents_and_removes_what_ended_agents_left(
     report = rebuild(coordination, settings, now_ms=clock())
 
     assert report.woken == ("live",) and report.retired == ("ended",)
-    assert [(job.func_name, decode_batch(job.args[0])) for job in queue.jobs] == [
+    assert [(job.func_name, decode_wakes(job.args[0])) for job in queue.jobs] == [
         ("dsh_schedule.worker.job.wake_batch", ImmediateWakes(agents=("live",)))
     ]
-    assert coordination.wakes.current("ended") is None
+    assert coordination.wakes.projections(["ended"])[0].wake is None
     assert coordination.followups.waiting("ended") == 0
     assert not redis_client.exists(coordination.keys.followups("ended"))
     assert redis_client.hget(coordination.keys.lease_queue(), "ended") is None
-    assert coordination.wakes.current("live") is not None
+    assert coordination.wakes.projections(["live"])[0].wake is not None
     assert coordination.followups.waiting("live") == 1
 
 
@@ -88,7 +90,7 @@ def test_an_ended_agent_whose_lock_is_held_does_not_stop_the_pass(
     held.release()
     assert report.retired == ("gone",)
     assert quick.leases.expired_hosts(now_ms=clock()) == ["host"]  # retried next pass
-    assert quick.leases.served_batch("host", 10) == ["stuck"]
+    assert quick.leases.still_served("host", 10) == ["stuck"]
 
 
 def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
@@ -120,8 +122,8 @@ def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
 
     held.release()
     wakes = system.coordination.wakes
-    assert wakes.current("later") is not None  # armed again for its target
-    assert wakes.current("locked") is None and wakes.current("cold") is None
+    assert wakes.projections(["later"])[0].wake is not None  # armed again for its target
+    assert [p.wake for p in wakes.projections(["locked", "cold"])] == [None, None]
     assert system.coordination.followups.waiting("due") == 1  # dispatched in the batch
     assert [r.id for r in system.store.load("due")[1].active] == []
 
@@ -132,7 +134,7 @@ def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
 def _woken(queue: Queue) -> list[str]:
     """The agents of every rebuild-style batch waiting in the queue, then empty it."""
     agents = [a for job in queue.jobs if job.func_name.endswith("wake_batch")
-              for a in decode_batch(job.args[0]).agents]  # type: ignore[union-attr]
+              for a in decode_wakes(job.args[0]).agents]  # type: ignore[union-attr]
     queue.empty()
     return agents
 
@@ -194,7 +196,7 @@ def test_a_rearm_lost_after_a_durable_create_is_repaired_by_the_sweep_and_delive
     _d, create = system.host.agents["b-lost"].tools["schedule_create"]
     assert not create({"prompt": "water the plants", "after_seconds": 5}).is_error
     coord = system.coordination
-    armed = coord.wakes.current("b-lost")
+    armed = coord.wakes.projections(["b-lost"])[0].wake
     assert armed is not None
     redis_client.zrem(coord.keys.scheduled_jobs(), armed)
     redis_client.delete(Job.key_for(armed), coord.keys.current_wake("b-lost"))
@@ -238,7 +240,7 @@ def test_a_wake_whose_job_vanished_is_repaired_by_the_sweep_and_delivered_once(
     reconciler.rebuild(now_ms=clock())
     system.step()
     coord = system.coordination
-    armed = coord.wakes.current("s1")
+    armed = coord.wakes.projections(["s1"])[0].wake
     assert armed is not None
     redis_client.zrem(coord.keys.scheduled_jobs(), armed)  # the pointer stays
     redis_client.delete(Job.key_for(armed))

@@ -109,7 +109,7 @@ def test_a_failover_mid_run_loses_duplicates_and_delays_nothing(
         procs.spawn("host", "host", SESSION)
         procs.spawn("worker", "worker")
         procs.spawn("scheduler", "scheduler")
-        assert wait_until(lambda: coordination.leases.is_live(SESSION, now_ms=_now_ms()),
+        assert wait_until(lambda: bool(coordination.leases.live_among([SESSION], now_ms=_now_ms())),
                           timeout=30), "the host never took its lease\n" + procs.describe()
 
         # and reminders falling due every SPACING_S seconds around the failover

@@ -57,7 +57,7 @@ class Group:
         self.procs = Processes(root, self.env)
 
     def now(self) -> int:
-        return self.coordination.server_time_ms()
+        return self.coordination.clock()
 
     def session(self, session_id: str) -> str:
         self.store.create(SessionHeader(id=session_id, createdAt=self.now(), timeZone="UTC"))

@@ -114,7 +114,7 @@ def test_a_wake_early_by_more_than_the_allowance_re_arms_its_target(
     assert sleep.calls == []
     assert dispatched_at(system.store, session) == []
     wakes = system.coordination.wakes
-    current = wakes.current(session)
+    current = wakes.projections([session])[0].wake
     assert current is not None
     assert system.client.zscore(wakes.scheduler.scheduled_jobs_key, current) == target / 1000
 
