@@ -195,3 +195,57 @@ def test_a_paused_record_sends_nothing_across_three_periods_then_resumes_aligned
     assert [p.occurrenceAt for p in delivery.pairs] == [format_instant(target)]
     assert dispatch_counts(runtime.store, "s1") == {"schedule-1": 2}
 
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_processes_deliver_a_count_3_records_last_occurrence_once_and_it_leaves_the_list(
+    tmp_path: Path, redis_server: RedisServer,
+) -> None:
+    """The end of a ``count`` by real processes: two occurrences delivered in the past (by
+    the embedded runtime on a clock set back, since batches are 600 s apart here), the
+    third falls due seconds from now and is the last."""
+    # given a count-3 record made 1 795 s ago, delivered at 1 195 s and 595 s ago
+    start = int(time.time() * 1000) - 1_795_000
+    earlier = tmp_path / "earlier"
+    with embedded_runtime(earlier, settings=Settings(lifecycle=True),
+                          clock=ManualClock(start)) as rt:
+        rt.create_session("s1")
+        host = rt.reference_host()
+        host.open_root("s1")
+        made = _tool(rt, host, "schedule_create",
+                     {"prompt": "drink water", "every_seconds": 600, "count": 3})
+        third = parse_instant(made["scheduledAt"]) + 2 * 600_000
+        for _ in range(2):
+            rt.advance(600)
+            assert len(host.pump("s1")) == 1
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    (sessions / "s1.jsonl").write_bytes((earlier / "s1.jsonl").read_bytes())
+    env = process_env(redis_server.url(), sessions, PREFIX="lifecount:", QUEUE="lifecount",
+                      LOCK_TTL="5", MAINTENANCE_TTL="5", MOVER_INTERVAL="0.05",
+                      RECONCILE_INTERVAL="2", LEASE_RENEW="1", LIFECYCLE="on")
+    procs = Processes(tmp_path, env)
+    store = JsonlStore(sessions)
+    try:
+        for name in ("worker", "scheduler"):
+            procs.spawn(name, name)
+        procs.spawn("host", "host", "s1")
+        # when its third target passes
+        assert wait_until(lambda: delivered_counts(store, "s1").get("schedule-1") == 3,
+                          timeout=90), procs.describe()
+        while time.time() * 1000 < third + 3000:
+            time.sleep(0.2)
+        listed = call(env, "schedule_list", {})
+        assert not procs.dead(), procs.describe_dead()
+    finally:
+        procs.close()
+    # then it was delivered three times in all, the third at its target, and has ended
+    assert delivered_counts(store, "s1") == {"schedule-1": 3}
+    assert dispatch_counts(store, "s1") == {"schedule-1": 3}
+    last = reminder_messages(store, "s1")[-1]
+    assert last["source"]["reminders"] == [
+        {"scheduleId": "schedule-1", "occurrenceAt": format_instant(third)}]
+    assert listed == []
+    assert fold(store.read("s1").events).active == ()
