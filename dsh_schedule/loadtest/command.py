@@ -29,10 +29,12 @@ from typing import Any, Final
 import msgspec
 import redis
 
+from dsh_schedule.loadtest.agents import Plan
+from dsh_schedule.loadtest.creates import measure_create
 from dsh_schedule.loadtest.figures import Figures, PeerBurst, PeerIdle, peers_figure
 from dsh_schedule.loadtest.long_session import measure_long_session
 from dsh_schedule.loadtest.peers import peers_burst, peers_idle
-from dsh_schedule.loadtest.phases import Plan, measure_create, measure_due, measure_lateness
+from dsh_schedule.loadtest.phases import measure_due, measure_lateness
 from dsh_schedule.loadtest.process_phases import (
     RuntimeFactory,
     cpu_window,

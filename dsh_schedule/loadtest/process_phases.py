@@ -21,13 +21,13 @@ from rq import Queue
 
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.loadtest import baseline as bare
+from dsh_schedule.loadtest.agents import FAR_S, Plan, create_args, timed_calls
 from dsh_schedule.loadtest.figures import (
     BurstFigure,
     CpuWindow,
     IdleFigure,
     ProcessMemoryFigure,
 )
-from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls
 from dsh_schedule.loadtest.process_costs import CpuSampler, cores_between
 from dsh_schedule.loadtest.process_runtime import RedisRuntime
 from dsh_schedule.loadtest.rebuild import measure_memory
