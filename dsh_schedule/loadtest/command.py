@@ -29,15 +29,16 @@ from typing import Any, Final
 import msgspec
 import redis
 
+from dsh_schedule.loadtest.agents import Plan
+from dsh_schedule.loadtest.creates import measure_create
 from dsh_schedule.loadtest.figures import Figures, PeerBurst, PeerIdle, peers_figure
 from dsh_schedule.loadtest.long_session import measure_long_session
 from dsh_schedule.loadtest.peers import peers_burst, peers_idle
-from dsh_schedule.loadtest.phases import Plan, measure_create, measure_due, measure_lateness
+from dsh_schedule.loadtest.phases import measure_due, measure_lateness
+from dsh_schedule.loadtest.process_idle import cpu_window, measure_idle
 from dsh_schedule.loadtest.process_phases import (
     RuntimeFactory,
-    cpu_window,
     measure_burst,
-    measure_idle,
     measure_process_memory,
 )
 from dsh_schedule.loadtest.process_runtime import RedisRuntime, with_db

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.loadtest import baseline as bare
+from dsh_schedule.loadtest.agents import FAR_S, Plan, create_args, timed_calls
 from dsh_schedule.loadtest.figures import LongSessionFigure, SessionSize
-from dsh_schedule.loadtest.phases import FAR_S, Plan, create_args, timed_calls
 from dsh_schedule.loadtest.runtime import Runtime
 from dsh_schedule.loadtest.sessions import DAY_MS, conversation, write_session
 from dsh_schedule.loadtest.stats import Latency, Progress, cost_ratio, latency, per_second

@@ -19,8 +19,8 @@ from rq import Queue
 from rq.job import Job
 
 from dsh_schedule.loadtest import baseline as bare
+from dsh_schedule.loadtest.agents import Plan, timed_calls
 from dsh_schedule.loadtest.figures import MemoryFigure, RebuildFigure
-from dsh_schedule.loadtest.phases import Plan, timed_calls
 from dsh_schedule.loadtest.runtime import Runtime, queue_idle
 from dsh_schedule.loadtest.sessions import DAY_MS, reminders, write_session
 from dsh_schedule.loadtest.stats import Progress, Stopwatch, cost_ratio

@@ -1,24 +1,18 @@
 """The web console's pages, fragments and live streams (FastAPI).
 
-Pages are rendered on the server from Jinja templates with autoescaping on: every text a
-person or a model wrote reaches the browser as text, never as markup. Live parts of a
-page are fed by server-sent events whose data are fragments rendered by the same
-templates; the vendored script (``static/htmx.min.js``) posts the forms and polls the
-operations figures, and ``static/console.js`` connects the streams, fills in the
-browser's time zone and runs the countdowns.
+Pages are rendered on the server from Jinja templates with autoescaping on, and live
+parts of a page are fed by server-sent events (``rendering``); form posts are taken from
+the console's own pages only (``posting``). The vendored script (``static/htmx.min.js``)
+posts the forms and polls the operations figures, and ``static/console.js`` connects the
+streams, fills in the browser's time zone and runs the countdowns.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-import re
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Final
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote
 
-import jinja2
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import (
@@ -27,26 +21,20 @@ from fastapi.responses import (
     PlainTextResponse,
     RedirectResponse,
     Response,
-    StreamingResponse,
 )
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
-from dsh_schedule.shared.core.instant import MAX_MS, MIN_MS, format_instant, parse_instant
 from dsh_schedule.status import Status
 from dsh_schedule.web import model
 from dsh_schedule.web.access import (
-    COOKIE,
-    LOGIN_PATH,
     Access,
     AccessGuard,
     Asgi,
     LoginLimit,
     Scope,
-    cookie_value,
     refused_without_token,
-    token_matches,
 )
 from dsh_schedule.web.console import (
     Console,
@@ -55,88 +43,19 @@ from dsh_schedule.web.console import (
     delete_call,
     update_call,
 )
+from dsh_schedule.web.posting import login_routes, read_form, refused, same_origin
+from dsh_schedule.web.rendering import (
+    FAVICON,
+    STATIC,
+    stream_routes,
+    template_environment,
+)
 
-HERE: Final = Path(__file__).resolve().parent
-TEMPLATES: Final = HERE / "templates"
-STATIC: Final = HERE / "static"
-
-POLL_S: Final = 0.2  # how often a live stream looks at the logs
-REFRESH_S: Final = 5.0  # a live stream re-sends its fragments at least this often
-MAX_FORM_BYTES: Final = 64 * 1024
 # The sessions page's filter of the active reminders: a local date and time, the browser's
 # zone it is read in, and a text.
 FILTER_FIELDS: Final = ("due_before", "zone", "q")
 MAX_FILTER: Final = 200
-_LINE_BREAK: Final = re.compile(r"\r\n|\r|\n")
 ACKNOWLEDGEMENT: Final = "X-Acknowledgement"  # a form's answer, percent-encoded UTF-8
-FAVICON: Final = (STATIC / "favicon.svg").read_bytes()
-
-
-def template_environment() -> jinja2.Environment:
-    """The templates, with autoescaping on for every template (never ``|safe`` on what a
-    person or a model wrote)."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["urlpart"] = lambda text: quote(str(text), safe="")
-    env.filters["clock"] = lambda ms, zone=None: model.local_text(int(ms), zone)
-    env.filters["instant"] = _instant
-    env.filters["epoch_ms"] = parse_instant
-    env.filters["seconds"] = _seconds
-    return env
-
-
-def _instant(ms: int) -> str:
-    return format_instant(min(max(int(ms), MIN_MS), MAX_MS))
-
-
-def _seconds(ms: float | None) -> str:
-    if ms is None:
-        return "—"
-    return f"{ms / 1000:.2f} s" if abs(ms) < 10_000 else f"{ms / 1000:.0f} s"
-
-
-def sse(event: str, data: str) -> str:
-    """One server-sent event; each line of ``data`` is a ``data:`` line (the browser
-    joins them with line feeds)."""
-    lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(data))
-    return f"event: {event}\n{lines}\n"
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """An ``application/x-www-form-urlencoded`` body (what the console's forms post)."""
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        raise ConsoleError("the form is too large")
-    try:
-        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True,
-                          strict_parsing=False, max_num_fields=20)
-    except (UnicodeDecodeError, ValueError):
-        raise ConsoleError("the form could not be read") from None
-    return {name: values[-1] for name, values in fields.items()}
-
-
-def _same_origin(request: Request) -> bool:
-    """A form post from a page of another site is refused: the console acts for whoever
-    can reach it, so it takes input only from its own pages. Comparing ``Origin`` (or,
-    without one, ``Referer``) with ``Host`` means something because ``AccessGuard`` has
-    already refused every ``Host`` that names no address of the console (a rebound name
-    sends matching ones). A post that names neither is a script's (curl, a Bearer token)
-    unless it carries the sign-in cookie: a browser sent that, so it must say from where."""
-    if request.headers.get("sec-fetch-site") == "cross-site":
-        return False
-    host = request.headers.get("host")
-    origin = request.headers.get("origin")
-    if origin is not None:
-        return origin != "null" and urlsplit(origin).netloc == host
-    referer = request.headers.get("referer")
-    if referer is not None:
-        return urlsplit(referer).netloc == host
-    return COOKIE not in request.cookies
 
 
 def create_app(console: Console, *, access: Access, port: int,
@@ -168,7 +87,7 @@ def create_app(console: Console, *, access: Access, port: int,
 
     app.add_middleware(AccessGuard, access=access, port=port, unauthorized=unauthorized)
     if access.token is not None:
-        _login_routes(app, access.token, login_page, login_limit or LoginLimit())
+        login_routes(app, access.token, login_page, login_limit or LoginLimit())
 
     def render(name: str, **context: Any) -> str:
         return env.get_template(name).render(
@@ -185,9 +104,6 @@ def create_app(console: Console, *, access: Access, port: int,
     async def unreadable(request: Request, exc: Exception) -> HTMLResponse:
         """A log that cannot be read: say so, never show it as empty."""
         return page("problem.html", 500, nav="sessions", problem=str(exc))
-
-    def refused() -> PlainTextResponse:
-        return PlainTextResponse("refused: a form of another site", status_code=403)
 
     async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
         return await run_in_threadpool(function, *args)
@@ -215,11 +131,11 @@ def create_app(console: Console, *, access: Access, port: int,
 
     @app.post("/sessions", response_model=None)
     async def create_session(request: Request) -> Response:
-        if not _same_origin(request):
+        if not same_origin(request):
             return refused()
         form: dict[str, str] = {}
         try:
-            form = await _form(request)
+            form = await read_form(request)
             created = await in_thread(console.create_session, form.get("id", ""),
                                       form.get("timeZone", "").strip())
         except ConsoleError as exc:
@@ -228,26 +144,6 @@ def create_app(console: Console, *, access: Access, port: int,
                                        status_code=400)
         return RedirectResponse(f"/session/{quote(created, safe='')}", status_code=303)
 
-    @app.get("/stream/sessions")
-    async def stream_sessions(request: Request) -> StreamingResponse:
-        async def events() -> AsyncIterator[str]:
-            last: Any = None
-            since = 0.0
-            yield "retry: 1000\n\n"
-            while not console.closing:
-                signature = await in_thread(console.signature)
-                if signature != last or since >= REFRESH_S:
-                    last, since = signature, 0.0
-                    summaries = await in_thread(console.summaries)
-                    yield sse("sessions", render("_sessions_table.html", summaries=summaries))
-                if await request.is_disconnected():
-                    return
-                await asyncio.sleep(POLL_S)
-                since += POLL_S
-
-        return _stream(events())
-
-    # -- one session ------------------------------------------------------------------
 
     @app.get("/session/{session_id:path}", response_class=HTMLResponse)
     async def session(session_id: str) -> HTMLResponse:
@@ -277,11 +173,11 @@ def create_app(console: Console, *, access: Access, port: int,
         """A same-origin form post run in a thread: a redirect to the session page, or
         for htmx its transcript, with ``run``'s acknowledgement when it gives one; the
         console's own refusal is a one-line 400 that changed nothing."""
-        if not _same_origin(request):
+        if not same_origin(request):
             return refused()
         htmx = request.headers.get("hx-request") == "true"
         try:
-            form = await _form(request)
+            form = await read_form(request)
             reply = await in_thread(run, form)
         except ConsoleError as exc:
             return PlainTextResponse(str(exc), status_code=400)
@@ -311,34 +207,8 @@ def create_app(console: Console, *, access: Access, port: int,
         return Response(FAVICON, media_type="image/svg+xml",
                         headers={"Cache-Control": "max-age=86400"})
 
-    @app.get("/stream/session/{session_id:path}", response_model=None)
-    async def stream_session(session_id: str, request: Request) -> Response:
-        if not console.exists(session_id):
-            return PlainTextResponse("no such session", status_code=404)
 
-        async def events() -> AsyncIterator[str]:
-            last = -1
-            since = 0.0
-            yield "retry: 1000\n\n"
-            while not console.closing:
-                try:
-                    length = await in_thread(console.length, session_id)
-                    view = (await in_thread(console.session_page, session_id)
-                            if length != last or since >= REFRESH_S else None)
-                except (PersistenceError, ScheduleLogError):
-                    view = None  # the page said why; look again at the next poll
-                if view is not None:
-                    if length != last:
-                        yield sse("transcript", render("_transcript.html", page=view))
-                        yield sse("receipts", render("_receipts.html", page=view))
-                    yield sse("reminders", render("_reminders.html", page=view))
-                    last, since = length, 0.0
-                if await request.is_disconnected():
-                    return
-                await asyncio.sleep(POLL_S)
-                since += POLL_S
-
-        return _stream(events())
+    stream_routes(app, console, render)
 
     # -- operations -------------------------------------------------------------------
 
@@ -376,41 +246,3 @@ def create_app(console: Console, *, access: Access, port: int,
 
     return app
 
-
-def _login_routes(app: FastAPI, token: str, login_page: Callable[..., HTMLResponse],
-                  limit: LoginLimit) -> None:
-    """``GET /login`` shows the sign-in form; ``POST /login`` with the right token sets
-    the cookie (HttpOnly, SameSite=Strict, a digest of the token) and goes to the
-    sessions; an address past its sign-in attempts (``limit``) gets 429 and when to try
-    again."""
-
-    @app.get(LOGIN_PATH, response_class=HTMLResponse)
-    async def login_form() -> HTMLResponse:
-        return login_page(200)
-
-    @app.post(LOGIN_PATH, response_model=None)
-    async def login(request: Request) -> Response:
-        if not _same_origin(request):
-            return PlainTextResponse("refused: a form of another site", status_code=403)
-        wait_s = limit.take(request.client.host if request.client else "")
-        if wait_s > 0:
-            after = math.ceil(wait_s)
-            return PlainTextResponse(
-                f"refused: too many sign-in attempts from this address; try again in "
-                f"{after} s\n", status_code=429,
-                headers={"Retry-After": str(after), "Cache-Control": "no-store"})
-        try:
-            offered = (await _form(request)).get("token", "")
-        except ConsoleError as exc:
-            return login_page(400, str(exc))
-        if not token_matches(token, offered.strip()):
-            return login_page(401, "That is not the console's token.")
-        response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, cookie_value(token), httponly=True, samesite="strict",
-                            path="/")
-        return response
-
-
-def _stream(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -19,9 +19,9 @@ from dsh_schedule.shared.core.catalog import (
     anthropic_tools,
     catalog_json,
     openai_tools,
-    render_catalog_markdown,
     tool_definitions,
 )
+from dsh_schedule.shared.core.catalogdoc import render_catalog_markdown
 from dsh_schedule.shared.core.errors import ERROR_CODES, V1_ERROR_CODES, ToolError
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.instant import parse_instant

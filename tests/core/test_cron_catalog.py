@@ -16,8 +16,8 @@ from dsh_schedule.shared.core.catalog import (
     anthropic_tools,
     catalog_json,
     openai_tools,
-    render_catalog_markdown,
 )
+from dsh_schedule.shared.core.catalogdoc import render_catalog_markdown
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.core.records import CronSchedule, EverySchedule
