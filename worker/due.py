@@ -10,7 +10,8 @@ re-projected, decided), then, when a dispatch is due, an immutable ``Due`` recor
 confirmed (its barrier flush), then checked again, until nothing is due; an agent whose
 wake stops on the way keeps the ``WakeOutcome`` that stopped it. Each stage runs for every
 agent in it at once, so the batch shares its round trips to Redis, while each agent is
-decided, fenced and flushed on its own. The log stays the authority: followups are
+decided, fenced and flushed on its own (the check stage: ``worker/due_check.py``; the dispatch
+stage: ``worker/due_dispatch.py``). The log stays the authority: followups are
 written before the fenced dispatch append, so a crash can only leave an entry without a
 dispatch (the host drops it) or a dispatch without an entry (re-projection re-adds it).
 """
@@ -19,96 +20,29 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from enum import Enum
 from typing import Final
 
-import msgspec
 import redis
 from rq.timeouts import JobTimeoutException
 
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
-from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, Wait, due_decision
-from dsh_schedule.shared.core.errors import (
-    FenceConflict,
-    PersistenceError,
-    ScheduleLogError,
-    outage_said,
-)
-from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent
-from dsh_schedule.shared.core.fold import FoldState
-from dsh_schedule.shared.core.framing import FramingError
-from dsh_schedule.shared.core.ledger import LedgerView, Pair, ledger_of
-from dsh_schedule.shared.core.records import encode_change
-from dsh_schedule.shared.failpoints import Failpoint, reach
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.transaction import (
-    FENCE_ATTEMPTS,
     LogTransactions,
-    Read,
-    retry_fenced_many,
 )
+from dsh_schedule.worker.due_check import DueCheck, WakeBatch
+from dsh_schedule.worker.due_dispatch import DueDispatch
 from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
 from dsh_schedule.worker.retry import RETRIED, WakeRetries
 
 log = logging.getLogger(__name__)
 
 MAX_ROUNDS: Final = 64
-
-
-class Stage(Enum):
-    """Where a going agent's wake stands within its round; an agent whose wake ended is
-    no longer going (``_Batch.outcomes`` says how it ended)."""
-
-    CHECK = "check"  # to flush, read, re-project and decide
-    RECHECK = "recheck"  # just dispatched past its barrier: read and decide (no flush)
-    DUE = "due"  # a dispatch is due: claim, write, append
-    APPENDED = "appended"  # the dispatch is in the log: the barrier flush confirms it
-
-
-class Due(msgspec.Struct, frozen=True, kw_only=True):
-    """An agent found due: the read it decided on, fenced at its length."""
-
-    agent: str
-    read: Read
-    decision: DispatchOne | DispatchBatch
-    decided_ms: int
-
-
-class Planned(msgspec.Struct, frozen=True, kw_only=True):
-    """A due agent's dispatch, framed and ready to write."""
-
-    due: Due
-    plan: DispatchPlan
-
-    @property
-    def agent(self) -> str:
-        return self.due.agent
-
-
-class _Batch:
-    """Where each agent of a batch stands: going (at a ``Stage``) or ended (its
-    outcome), the fold each settled agent re-arms from, and who is to be announced."""
-
-    def __init__(self, agents: Sequence[str]) -> None:
-        self.agents = list(agents)
-        self.going: dict[str, Stage] = dict.fromkeys(agents, Stage.CHECK)
-        self.outcomes: dict[str, WakeOutcome] = {}
-        self.settled: dict[str, FoldState] = {}
-        self.announce: set[str] = set()  # told of their followups once let go
-
-    def at(self, stage: Stage) -> list[str]:
-        return [agent for agent, at in self.going.items() if at is stage]
-
-    def stop(self, agent: str, outcome: WakeOutcome) -> None:
-        self.going.pop(agent, None)
-        self.outcomes[agent] = outcome
 
 
 class DueOwner:
@@ -129,6 +63,8 @@ class DueOwner:
         self._clock = clock
         self._sleep = sleep
         self._tx = LogTransactions(store, coordination, clock)
+        self._checks = DueCheck(coordination, self._tx, settings, clock=clock)
+        self._dispatches = DueDispatch(coordination, self._tx, settings, clock=clock)
         # The agents whose wake batch failed on Redis, maybe after a durable dispatch: the
         # worker's beat repays them once Redis answers (docs/architecture.md#owed-re-arms).
         self.owed = self._tx.owed
@@ -258,11 +194,11 @@ class DueOwner:
         return self._rounds(agents, outcomes)
 
     def _rounds(self, agents: list[str], outcomes: dict[str, WakeOutcome]) -> list[str]:
-        batch = _Batch(agents)
+        batch = WakeBatch(agents)
         for _ in range(MAX_ROUNDS):
             if not batch.going:
                 break
-            self._dispatch(self._check(batch), batch)
+            self._dispatches.dispatch(self._checks.check(batch), batch)
         for agent in list(batch.going):
             log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
             batch.stop(agent, WakeOutcome.STILL_DUE)
@@ -284,263 +220,3 @@ class DueOwner:
             metrics.get().redis_error()
             log.warning("%d dispatched agent(s) not announced (%s); their followups wait "
                         "in their streams", len(agents), type(exc).__name__)
-
-    # -- check: read the log and decide ------------------------------------------------
-
-    def _check(self, batch: _Batch) -> list[Due]:
-        """Read and decide each going agent once: an agent that just dispatched past its
-        barrier is read on this worker's own view of its log, the rest after a preflight
-        flush and a re-projection of their lost followups. Returns the agents found due;
-        the others are settled or stopped."""
-        reads = self._reread(batch)
-        checked = self._preflight(batch)
-        self._reproject(checked, batch)
-        reads.update((agent, read) for agent, (read, _ledger) in checked.items())
-        now = self._clock()
-        due: list[Due] = []
-        for agent in list(batch.going):
-            if (read := reads.get(agent)) is None:
-                continue
-            decision = due_decision(read.state, now)
-            if isinstance(decision, Wait):
-                batch.settled[agent] = read.state
-                batch.stop(agent, WakeOutcome.SETTLED)
-            else:
-                batch.going[agent] = Stage.DUE
-                due.append(Due(agent=agent, read=read, decision=decision, decided_ms=now))
-        return due
-
-    def _reread(self, batch: _Batch) -> dict[str, Read]:
-        """The read after a dispatch whose barrier flush just succeeded, the agent's lock
-        still held. No second preflight flush and no re-projection: the barrier confirmed
-        this worker's bytes, the followups were written just before them, and only
-        ``schedule/change`` records, appended under the lock this worker holds, change
-        the decision. An agent whose log cannot be read now gets the full check."""
-        reads: dict[str, Read] = {}
-        for agent in batch.at(Stage.RECHECK):
-            try:
-                reads[agent] = self._tx.load(agent)
-            except (PersistenceError, ScheduleLogError):
-                batch.going[agent] = Stage.CHECK
-        return reads
-
-    def _preflight(self, batch: _Batch) -> dict[str, tuple[Read, LedgerView]]:
-        """The flushed log of each agent to check, and its ledger (what it dispatched and
-        has not delivered), the flushes together; a failure stops its agent alone."""
-        checked: dict[str, tuple[Read, LedgerView]] = {}
-        for agent, read in self._tx.preflight(batch.at(Stage.CHECK)).items():
-            with log_context(agent=agent):
-                outcome = self._unread(agent, read)
-                if outcome is None:
-                    assert isinstance(read, Read)
-                    try:
-                        checked[agent] = (read, ledger_of(read.session))
-                    except ScheduleLogError as exc:
-                        log.error("cannot re-project followups for %s: %s", agent, exc)
-                        outcome = WakeOutcome.CORRUPT_LOG
-                    except Exception:
-                        log.exception("wake for %s failed", agent)  # spares the rest
-                        outcome = WakeOutcome.FAILED
-            if outcome is not None:
-                batch.stop(agent, outcome)
-        return checked
-
-    @staticmethod
-    def _unread(agent: str, read: Read | Exception) -> WakeOutcome | None:
-        """How a failed preflight ends the agent's wake (None: it read)."""
-        if isinstance(read, PersistenceError):
-            log.log(_level(read), "due preflight for %s failed: %s", agent, read.reason)
-            return WakeOutcome.PREFLIGHT_FAILED
-        if isinstance(read, ScheduleLogError):
-            log.error("corrupt schedule log for %s, arming nothing: %s", agent, read)
-            return WakeOutcome.CORRUPT_LOG
-        if isinstance(read, Exception):
-            log.error("wake for %s failed", agent, exc_info=read)  # spares the rest
-            return WakeOutcome.FAILED
-        return None
-
-    def _reproject(self, checked: dict[str, tuple[Read, LedgerView]], batch: _Batch) -> None:
-        """Re-add every lost followup of these agents
-        (docs/architecture.md#hosts-followups-and-rebuild): a dispatch in the agent's own
-        suffix that no delivered message covers and no stream entry holds gets its
-        followup re-added, rendered from the prompts the ledger kept of it by the same
-        renderer a dispatch uses, so it is byte-identical to the original frame. One
-        pipelined read of the streams of the agents with an undelivered dispatch, one
-        script call writing what is missing, unannounced: an agent with an undelivered
-        dispatch is announced once let go (a host may have missed it, as when a worker
-        died before announcing)."""
-        undelivered = [(agent, ledger, missing) for agent, (_read, ledger) in checked.items()
-                       if (missing := ledger.undelivered())]
-        if not undelivered:
-            return
-        streams = self._coord.followup_entries([a for a, _l, _m in undelivered])
-        lost: list[tuple[str, str, Sequence[Pair]]] = []
-        for (agent, ledger, missing), entries in zip(undelivered, streams, strict=True):
-            batch.announce.add(agent)
-            held: set[Pair] = {p for entry in entries for p in entry.pairs}
-            added = [(agent, pending_frame(ledger, group), group.pairs)
-                     for group in missing if not any(p in held for p in group.pairs)]
-            if added:
-                metrics.get().delivery("reprojected", len(added))
-                log.info("re-projected %d lost followup(s) for %s", len(added), agent)
-            lost.extend(added)
-        self._coord.write_followups(lost)
-
-    # -- dispatch: claim, write, append, release, confirm --------------------------------
-
-    def _dispatch(self, due: list[Due], batch: _Batch) -> None:
-        """Claim maintenance, dispatch once, release, then the barrier flush
-        (docs/architecture.md#the-due-transaction, steps 6 to 8), for every agent found
-        due: their phases claimed and released in one round trip each, their followups
-        written in one. An agent that dispatched and passed its barrier is checked again
-        next round; one that found nothing due any more gets the full check."""
-        if not due:
-            return
-        token = uuid.uuid4().hex
-        claimed = self._coord.claim_maintenance([d.agent for d in due], token,
-                                                self._settings.maintenance_ttl_s)
-        held: list[Due] = []
-        for d, ok in zip(due, claimed, strict=True):
-            if ok:
-                held.append(d)
-            else:
-                log.debug("agent %s busy: idle waiter registered", d.agent)
-                batch.stop(d.agent, WakeOutcome.WAITING_FOR_IDLE)
-        if not held:
-            return
-        try:
-            live = self._coord.live_agents([d.agent for d in held], self._clock())
-            for d in held:
-                if d.agent not in live:
-                    batch.stop(d.agent, WakeOutcome.NOT_LIVE)
-            appended = self._append_fenced([d for d in held if d.agent in live], batch)
-        finally:
-            self._coord.end_maintenance([d.agent for d in held], token)
-        self._barrier(appended, batch)
-
-    def _append_fenced(self, due: list[Due], batch: _Batch) -> list[str]:
-        """Write each agent's followup, then append its dispatch fenced at the length it
-        decided on; returns the agents appended. An agent whose append met another writer
-        decides again once that writer's suffix is confirmed, the way a tool retries
-        (``FENCE_ATTEMPTS`` attempts in all); its followup written before stays without a
-        dispatch, and the host drops it."""
-        appended: list[str] = []
-
-        def attempt(n: int, due: list[Due]) -> list[Due]:
-            if n:
-                due = self._redecide(due, batch)
-            return self._write_and_append(self._plan(due, batch), batch, appended)
-
-        for d in retry_fenced_many(due, attempt):
-            log.warning("dispatch for %s: the log kept moving under %d attempts",
-                        d.agent, FENCE_ATTEMPTS)
-            batch.stop(d.agent, WakeOutcome.DISPATCH_ABANDONED)
-        return appended
-
-    def _redecide(self, due: list[Due], batch: _Batch) -> list[Due]:
-        """Confirm the conflicting writers' suffixes, read and decide again: the agents
-        still due. One found with nothing due any more gets the full check next round."""
-        reads = self._tx.preflight([d.agent for d in due])
-        now = self._clock()
-        still: list[Due] = []
-        for d in due:
-            read = reads[d.agent]
-            if isinstance(read, (PersistenceError, ScheduleLogError)):
-                with log_context(agent=d.agent):
-                    log.log(_level(read), "re-fold for %s failed: %s", d.agent, read)
-                batch.stop(d.agent, WakeOutcome.DISPATCH_ABANDONED)
-                continue
-            if isinstance(read, Exception):
-                raise read
-            decision = due_decision(read.state, now)
-            if isinstance(decision, Wait):
-                batch.going[d.agent] = Stage.CHECK  # the next check settles it
-            else:
-                still.append(Due(agent=d.agent, read=read, decision=decision,
-                                 decided_ms=now))
-        return still
-
-    def _plan(self, due: list[Due], batch: _Batch) -> list[Planned]:
-        """Frame each agent's dispatch; one that cannot be framed writes nothing."""
-        planned: list[Planned] = []
-        for d in due:
-            try:
-                planned.append(Planned(due=d, plan=plan_dispatch(d.decision)))
-            except FramingError:
-                with log_context(agent=d.agent):
-                    log.exception("framing failed for %s; nothing written", d.agent)
-                batch.stop(d.agent, WakeOutcome.DISPATCH_ABANDONED)
-        return planned
-
-    def _write_and_append(
-        self, planned: list[Planned], batch: _Batch, appended: list[str]
-    ) -> list[Due]:
-        """The followups to Redis in one call, before any append; then each dispatch's
-        fenced append. Returns the agents whose append met another writer."""
-        if not planned:
-            return []
-        reach(Failpoint.BEFORE_FOLLOWUP)
-        # Announced once the transaction lets the agents go (``_announce``).
-        self._coord.write_followups([(p.agent, p.plan.text, p.plan.pairs) for p in planned])
-        written_ms = self._clock()
-        reach(Failpoint.AFTER_FOLLOWUP)
-        conflicted: list[Due] = []
-        for p in planned:
-            schedule_ids = ",".join(pair.scheduleId for pair in p.plan.pairs)
-            with log_context(agent=p.agent, schedule_id=schedule_ids):
-                if self._append(p, batch):
-                    conflicted.append(p.due)
-                elif batch.going.get(p.agent) is Stage.APPENDED:
-                    appended.append(p.agent)
-                    self._record_dispatch(p, written_ms)
-        return conflicted
-
-    def _append(self, planned: Planned, batch: _Batch) -> bool:
-        """The fenced append of one agent's dispatch: ``APPENDED`` once written, stopped
-        when abandoned; True when another writer came between."""
-        agent, due = planned.agent, planned.due
-        events = [NewEvent(type=SCHEDULE_CHANGE, time=due.decided_ms, data=encode_change(c))
-                  for c in planned.plan.changes]
-        try:
-            self._tx.append(agent, due.read, events)
-        except FenceConflict as conflict:
-            log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, conflict)
-            return True
-        except Exception as exc:  # the disk, a bound: this agent's own failure
-            # The followup may already be read; with no dispatch the host drops it.
-            log.log(_level(exc, logging.ERROR), "dispatch append for %s abandoned: %s",
-                    agent, exc)
-            batch.stop(agent, WakeOutcome.DISPATCH_ABANDONED)
-            return False
-        reach(Failpoint.AFTER_APPEND)
-        batch.going[agent] = Stage.APPENDED
-        batch.announce.add(agent)
-        return False
-
-    def _record_dispatch(self, planned: Planned, written_ms: int) -> None:
-        pairs = planned.plan.pairs
-        recorder = metrics.get()
-        if recorder.enabled:
-            kind = "one-shot" if isinstance(planned.due.decision, DispatchOne) else "batch"
-            recorder.dispatched(kind, metrics.lateness_s(
-                written_ms, [pair.occurrenceAt for pair in pairs]))
-        log.info("dispatched %s for %s", ", ".join(pair.scheduleId for pair in pairs),
-                 planned.agent)
-
-    def _barrier(self, agents: list[str], batch: _Batch) -> None:
-        """The barrier flushes, together: a dispatch confirmed is checked again next
-        round; one whose flush failed stops its agent (its host confirms it with its own
-        flush before delivering)."""
-        failed = self._tx.barrier(agents)
-        for agent in agents:
-            if agent in failed:
-                log.log(_level(failed[agent]), "dispatch barrier for %s failed: %s", agent,
-                        failed[agent].reason)
-                batch.stop(agent, WakeOutcome.BARRIER_FAILED)
-            else:
-                batch.going[agent] = Stage.RECHECK
-
-
-def _level(exc: BaseException, level: int = logging.WARNING) -> int:
-    """A wake's store failure is said per agent, unless the store said its outage."""
-    return logging.DEBUG if outage_said(exc) else level

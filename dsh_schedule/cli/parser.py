@@ -1,4 +1,5 @@
-"""The ``dsh-schedule`` parser and ``main`` (docs/architecture.md#processes-and-cli)."""
+"""The ``dsh-schedule`` parser and ``main`` (docs/architecture.md#processes-and-cli); the
+options many subcommands share: ``cli/options.py``."""
 
 from __future__ import annotations
 
@@ -29,13 +30,24 @@ from dsh_schedule.cli.common import (
     count_arg,
     instant_arg,
     port_arg,
-    seconds_arg,
     session_id_arg,
 )
 from dsh_schedule.cli.ops import cmd_health, cmd_status, cmd_web
+from dsh_schedule.cli.options import (
+    CONNECTION_GROUP,
+    SESSIONS_HELP,
+    STORE_HELP,
+    common_options,
+    logging_flags,
+    metrics_flags,
+    option_group,
+    positive_seconds_arg,
+    sessions_file_arg,
+    verbose_flag,
+)
 from dsh_schedule.cli.reminders import add_arguments as reminders_arguments
 from dsh_schedule.cli.store import add_store_commands
-from dsh_schedule.shared.settings import LOG_LEVELS, LogSettings, SettingsError
+from dsh_schedule.shared.settings import LogSettings, SettingsError
 
 # -- parser ---------------------------------------------------------------------------
 
@@ -70,91 +82,6 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-# Each subcommand's --help lists its own options first, under "options", and the options
-# many subcommands share once each, in these titled groups after them.
-LOGGING_GROUP: Final = "logging (shared by the commands)"
-CONNECTION_GROUP: Final = "sessions and Redis (shared by the commands)"
-
-
-def _group(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
-    """The parser's argument group titled ``title``, made on first use."""
-    for group in parser._action_groups:
-        if group.title == title:
-            return group
-    return parser.add_argument_group(title)
-
-
-def _verbose(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
-    # After a subcommand the flag is accepted too, without resetting one given before it.
-    target = parser if top else _group(parser, LOGGING_GROUP)
-    target.add_argument("-v", "--verbose", action="store_true",
-                        help="debug logging (same as --log-level DEBUG)",
-                        default=False if top else argparse.SUPPRESS)
-
-
-def _level_arg(text: str) -> str:
-    name = text.strip().upper()
-    name = "WARNING" if name == "WARN" else name
-    if name not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a log level (one of {', '.join(LOG_LEVELS)})"
-        )
-    return name
-
-
-def _logging_flags(parser: argparse.ArgumentParser) -> None:
-    """``--log-format``, ``--log-level`` and ``--rq-log-level`` (over the
-    ``DSH_SCHEDULE_LOG_*`` variables; docs/architecture.md#operations)."""
-    group = _group(parser, LOGGING_GROUP)
-    group.add_argument("--log-format", choices=["text", "json"],
-                       help="log lines as text or as one JSON object each "
-                       "(default: DSH_SCHEDULE_LOG_FORMAT, else text)")
-    group.add_argument("--log-level", type=_level_arg, metavar="LEVEL",
-                       help="DEBUG, INFO, WARNING, ERROR or CRITICAL "
-                       "(default: DSH_SCHEDULE_LOG_LEVEL, else INFO; -v is DEBUG)")
-    group.add_argument("--rq-log-level", type=_level_arg, metavar="LEVEL",
-                       help="the level of rq's own lines, e.g. WARNING to drop its lines "
-                       "per job (default: DSH_SCHEDULE_RQ_LOG_LEVEL, else --log-level)")
-
-
-def _metrics_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics at /metrics on this port "
-                        "(default: DSH_SCHEDULE_METRICS_PORT, else off)")
-    parser.add_argument("--metrics-addr", metavar="ADDR",
-                        help="the address the metrics endpoint binds "
-                        "(default: DSH_SCHEDULE_METRICS_ADDR, else 0.0.0.0)")
-
-
-STORE_HELP: Final = ("the session store: a directory (as --sessions) or a postgresql:// URL "
-                     "(default: DSH_SCHEDULE_STORE, else the sessions directory)")
-SESSIONS_HELP: Final = "session log directory (default: DSH_SCHEDULE_SESSIONS, else ./sessions)"
-
-
-def _common(parser: argparse.ArgumentParser, *, redis: bool = True, sessions: bool = True,
-            redis_wait_s: float | None = None, sessions_help: str = SESSIONS_HELP) -> None:
-    """The shared options, in the titled groups: logging, and the session directory
-    (``sessions``) and Redis connection (``redis``) the command uses."""
-    _verbose(parser)
-    if redis:
-        _logging_flags(parser)
-    group = _group(parser, CONNECTION_GROUP)
-    if sessions:
-        group.add_argument("--sessions", type=Path, metavar="DIR", help=sessions_help)
-        group.add_argument("--store", metavar="DIR|URL", help=STORE_HELP)
-    if redis:
-        group.add_argument("--redis", metavar="URL",
-                           help="Redis URL (default: DSH_SCHEDULE_REDIS_URL)")
-        group.add_argument("--queue", metavar="NAME",
-                           help="rq queue name (default: DSH_SCHEDULE_QUEUE, else dsh-schedule)")
-        group.add_argument("--prefix", metavar="PREFIX",
-                           help="Redis key prefix (default: DSH_SCHEDULE_PREFIX, "
-                           "else dsh-schedule:)")
-        group.add_argument(
-            "--redis-wait", type=seconds_arg, default=redis_wait_s, metavar="SECONDS",
-            help="how long to wait at start-up for Redis to answer before exiting 2 "
-            f"(default: {'for ever' if redis_wait_s is None else f'{redis_wait_s:g} s'})",
-        )
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -173,16 +100,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         "calls, and run the worker, scheduler and reference host "
         "(docs/architecture.md#processes-and-cli).",
     )
-    _verbose(parser, top=True)
+    verbose_flag(parser, top=True)
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("check", help="check session logs against the v1 invariant")
-    _verbose(p)
+    verbose_flag(p)
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("fold", help="print the schedule_list value of a log")
-    _verbose(p)
+    verbose_flag(p)
     p.add_argument("file", metavar="FILE")
     p.add_argument("--now", type=instant_arg, metavar="INSTANT",
                    help="an RFC 3339 instant with an offset, such as 2030-01-01T00:00:00Z "
@@ -190,7 +117,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_fold)
     p = sub.add_parser("present", help="print the receipt of a dispatch event (null for "
                        "an event that is no dispatch)")
-    _verbose(p)
+    verbose_flag(p)
     p.add_argument("file", metavar="FILE")
     p.add_argument("seq", type=int, metavar="SEQ")
     p.set_defaults(func=cmd_present)
@@ -201,14 +128,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     "docs/decisions.md#calendar-rules); with DSH_SCHEDULE_LIFECYCLE=on, "
                     "the one with schedule_update (docs/decisions.md#lifecycle-editing-"
                     "pausing-and-ending-reminders).")
-    _verbose(p)
+    verbose_flag(p)
     p.add_argument("--format", choices=["catalog", "openai", "anthropic"], default="catalog",
                    help="the project's catalog, or the tools in the OpenAI or Anthropic "
                    "format (default: catalog)")
     p.set_defaults(func=cmd_catalog)
 
     p = sub.add_parser("session", help="create or fork JSONL sessions")
-    _common(p, redis=False)
+    common_options(p, redis=False)
     session_sub = p.add_subparsers(dest="session_command", required=True)
     c = session_sub.add_parser("create")
     c.add_argument("id", type=session_id_arg, metavar="ID",
@@ -221,9 +148,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     f.add_argument("child", type=session_id_arg, metavar="CHILD",
                    help="the new session's id")
     for subparser in (c, f):
-        _verbose(subparser)
+        verbose_flag(subparser)
         # Accepted after the subcommand too, without overriding one given before it.
-        group = _group(subparser, CONNECTION_GROUP)
+        group = option_group(subparser, CONNECTION_GROUP)
         group.add_argument("--sessions", type=Path, default=argparse.SUPPRESS, metavar="DIR",
                            help=SESSIONS_HELP)
         group.add_argument("--store", default=argparse.SUPPRESS, metavar="DIR|URL",
@@ -231,7 +158,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_session)
 
     p = sub.add_parser("call", help="run one tool call as the host would")
-    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    common_options(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.add_argument("session", type=session_id_arg, metavar="SESSION",
                    help="the session (the agent's root session id) the call is made in")
     p.add_argument("tool", metavar="TOOL", help="a tool name that `dsh-schedule catalog` lists")
@@ -241,17 +168,17 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("reminders", help="list the active reminders of every session, "
                        "read from the session logs")
-    _common(p, redis=False)
+    common_options(p, redis=False)
     reminders_arguments(p)
 
     p = sub.add_parser("worker", help="serve wakes (rq SimpleWorker)")
-    _common(p)
-    _metrics_flags(p)
+    common_options(p)
+    metrics_flags(p)
     p.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     p.set_defaults(func=cmd_worker)
     p = sub.add_parser("scheduler", help="move due wakes; rebuild and reconcile")
-    _common(p)
-    _metrics_flags(p)
+    common_options(p)
+    metrics_flags(p)
     p.set_defaults(func=cmd_scheduler)
     p = sub.add_parser(
         "rebuild", help="wake every agent that holds a lease, once",
@@ -264,7 +191,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         "Run it when Redis kept the leases but lost wakes (a queue emptied or keys "
         "deleted by hand, an older snapshot restored). See docs/decisions.md, "
         "\"What rebuild is for\".")
-    _common(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    common_options(p, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.set_defaults(func=cmd_rebuild)
 
     for name, helptext in (
@@ -272,35 +199,35 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         ("loadtest", "load test on the embedded Redis or a real one"),
     ):
         p = sub.add_parser(name, help=helptext)
-        _verbose(p)
-        _logging_flags(p)
+        verbose_flag(p)
+        logging_flags(p)
         if name == command:
             module = importlib.import_module(_ELSEWHERE[name])
             module.add_arguments(p)
             p.set_defaults(func=module.run)
 
-    add_store_commands(sub, _common, session_id_arg)
+    add_store_commands(sub, common_options, session_id_arg)
 
     p = sub.add_parser("host", help="run the reference host for sessions")
-    _common(p)
-    _metrics_flags(p)
+    common_options(p)
+    metrics_flags(p)
     p.add_argument("sessions_to_host", nargs="*", type=session_id_arg, metavar="SESSION",
                    help="the sessions (root session ids) to serve")
-    p.add_argument("--sessions-file", type=_sessions_file_arg, default=[], metavar="FILE",
+    p.add_argument("--sessions-file", type=sessions_file_arg, default=[], metavar="FILE",
                    help="also serve the sessions listed in FILE, one id a line (no command "
                    "line limit: docs/architecture.md#leases; default: none)")
     p.add_argument("--all-sessions", action="store_true",
                    help="serve every session of the store on demand: load one when its "
                    "reminder falls due, let it go when idle (turns wake_unloaded on; "
                    "docs/architecture.md#unloaded-sessions)")
-    p.add_argument("--unload-after", type=_seconds_arg, default=None, metavar="SECONDS",
+    p.add_argument("--unload-after", type=positive_seconds_arg, default=None, metavar="SECONDS",
                    help="with --all-sessions, let a session go after this many idle "
                    "seconds (default: DSH_SCHEDULE_UNLOAD_AFTER, else 300)")
     p.set_defaults(func=cmd_host)
 
     p = sub.add_parser("web", help="the web console: watch and drive reminders in a browser "
                        "(embedded without a Redis URL)")
-    _common(p, sessions_help="session log directory (default: DSH_SCHEDULE_SESSIONS; "
+    common_options(p, sessions_help="session log directory (default: DSH_SCHEDULE_SESSIONS; "
             "embedded without either: a scratch directory removed at exit)")
     p.add_argument("--port", type=port_arg, default=8321, metavar="PORT",
                    help="the port to listen on (default: 8321; 0: any free port)")
@@ -324,7 +251,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="live agents, wakes, followups, workers and the "
                        "scheduler heartbeat")
-    _common(p, sessions=False, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    common_options(p, sessions=False, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument("--next", type=count_arg, default=5, metavar="N",
                    help="how many of the next scheduled wakes to show (default: 5)")
@@ -332,7 +259,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p = sub.add_parser("health", help="exit 0 when the scheduler heartbeat is fresh and "
                        "every queue with live agents (and the one --queue names) has a "
                        "worker, else 1 saying why")
-    _common(p, sessions=False, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
+    common_options(p, sessions=False, redis_wait_s=ONE_SHOT_REDIS_WAIT_S)
     p.add_argument("--json", action="store_true", help='{"ok":…,"reason":…}')
     p.set_defaults(func=cmd_health)
     return parser
@@ -396,23 +323,3 @@ def _run(argv: Sequence[str] | None) -> int:
         print(f"dsh-schedule: {exc}", file=sys.stderr)
         return 1
     return result
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
-def _sessions_file_arg(path: str) -> list[str]:
-    """The session ids of a file, one a line (blank lines skipped), each checked as a
-    SESSION argument is."""
-    try:
-        with open(path, encoding="utf-8") as lines:
-            return [session_id_arg(line.strip()) for line in lines if line.strip()]
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None

@@ -8,7 +8,8 @@ import argparse
 
 import pytest
 
-from dsh_schedule.cli.parser import CONNECTION_GROUP, LOGGING_GROUP, build_parser
+from dsh_schedule.cli.options import CONNECTION_GROUP, LOGGING_GROUP
+from dsh_schedule.cli.parser import build_parser
 
 SHARED = {"-v", "--verbose", "--log-format", "--log-level", "--rq-log-level", "--sessions",
           "--redis", "--queue", "--prefix", "--redis-wait"}

@@ -141,7 +141,7 @@ def test_a_framing_failure_writes_nothing(
     def broken(*args: object) -> str:
         raise FramingError("broken")
 
-    monkeypatch.setattr("dsh_schedule.worker.due.plan_dispatch", broken)
+    monkeypatch.setattr("dsh_schedule.worker.due_dispatch.plan_dispatch", broken)
     _wake(system, session)
     assert len(dispatch_records(system.store, session)) == 0
     assert system.coordination.followups.waiting(session) == 0

@@ -1,0 +1,293 @@
+"""The PostgreSQL session store's appends and their durability (shared/store/postgres.py):
+the append statement, ``flush_many`` (one synchronous commit for a batch), the appends
+of unknown outcome resolved, and the appends a crashed server lost committed again at
+the same fence."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from dsh_schedule.shared.core.due import next_due_moment_ms
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.events import Event, NewEvent
+from dsh_schedule.shared.core.fold import check_candidate
+from dsh_schedule.shared.store.codec import encode_event, number_events
+from dsh_schedule.shared.store.foldcache import touches_schedule
+from dsh_schedule.shared.store.port import missing_session
+from dsh_schedule.shared.store.postgres_outage import Unconfirmed, Unflushed, connection_lost
+from dsh_schedule.shared.store.postgres_reading import PostgresReading
+from dsh_schedule.shared.store.postgres_schema import APPEND, EVENTS, SESSIONS, row_key
+
+logger = logging.getLogger("dsh_schedule.shared.store.postgres")
+
+
+class PostgresAppending(PostgresReading):
+    """Appending to the sessions of a ``PostgresStore`` and making the appends durable."""
+
+    def _settle(self, session_id: str) -> None:
+        """Resolve this store's append of unknown outcome to the session, if any, before
+        the log is read or appended to: a log read without it, or an append fenced past
+        it, would leave it behind (``_confirm``; ``PersistenceError`` while it cannot)."""
+        if not self._unconfirmed and not self._unflushed:  # without the lock
+            return
+        with self._unconfirmed_lock:
+            pending = self._unconfirmed.get(session_id)
+            kept = self._unflushed.get(session_id)
+        if pending is not None:
+            self._confirm(session_id, row_key(session_id), pending)
+        elif kept is not None and kept.epoch != self._reach.epoch:
+            # The server failed since: find out now whether it kept them (and commit them
+            # again at the same fence if it did not), before the log moves on without them.
+            failure = self.flush_many([session_id]).get(session_id)
+            if failure is not None:
+                raise failure
+
+    def _append(
+        self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+    ) -> tuple[Event, ...]:
+        candidates = number_events(events, expected_seq)
+        lines = [encode_event(e)[:-1] for e in candidates]
+        key = row_key(session_id)
+        for attempt in range(2):
+            entry = self._entry_at(session_id, expected_seq)
+            with entry.lock:
+                if entry.length != expected_seq:
+                    raise FenceConflict(expected_seq, entry.length)
+                if not candidates:
+                    return ()
+                schedule = touches_schedule(candidates)
+                due = None
+                if schedule:
+                    due = next_due_moment_ms(check_candidate(entry.digest.fold(), candidates))
+                params = {
+                    "id": key, "token": entry.token, "expected": expected_seq,
+                    "length": expected_seq + len(candidates), "schedule": schedule, "due": due,
+                    "seqs": [e.seq for e in candidates], "lines": lines,
+                }
+                written = self._write_append(session_id, params, entry.token, candidates, lines)
+                if written == len(candidates):
+                    with self._unconfirmed_lock:
+                        self._unflushed[session_id] = Unflushed.after(
+                            self._unflushed.get(session_id), entry.token, candidates, lines,
+                            self._reach.epoch)
+                    entry.feed(candidates, [len(line) + 1 for line in lines], lines[-1])
+                    self._cache.settle(session_id, entry)
+                    return candidates
+                if written < 0:
+                    return candidates  # unknown outcome: kept unconfirmed, flush tells
+            # Nothing written: the length moved (or the row was made again) since the entry
+            # was caught up; catch up once more and fence against that.
+            self._cache.drop(session_id)
+            if attempt:
+                break
+        entry = self._entry_at(session_id, expected_seq)
+        raise FenceConflict(expected_seq, entry.length)
+
+    def flush_many(self, session_ids: Sequence[str], *, again: bool = True
+                   ) -> dict[str, PersistenceError]:
+        """``flush`` for many sessions, the failures by session: the appends of unknown
+        outcome resolved one by one, then one synchronously committed transaction for
+        all the rest, which makes every earlier commit durable (the server's log is one
+        sequence) and checks that each session still holds this store's last append to it
+        (a server that crashed before its log reached the disk lost it: appended again
+        at the same fence when the log has not moved on since, ``again``) and that the
+        sessions not cached exist. No query when nothing was appended or looked up."""
+        failed: dict[str, PersistenceError] = {}
+        ids = list(dict.fromkeys(session_ids))
+        for session_id in ids:
+            row_key(session_id)
+            with self._unconfirmed_lock:
+                pending = self._unconfirmed.get(session_id)
+            if pending is not None:
+                try:
+                    self._confirm(session_id, row_key(session_id), pending)
+                except PersistenceError as exc:
+                    failed[session_id] = exc
+        rest = [session_id for session_id in ids if session_id not in failed]
+        for session_id in rest:
+            try:
+                self._flush_primitive(session_id)
+            except PersistenceError as exc:
+                failed[session_id] = exc
+        rest = [session_id for session_id in rest if session_id not in failed]
+        with self._unconfirmed_lock:
+            appended = {sid: self._unflushed[sid] for sid in rest if sid in self._unflushed}
+        unknown = [sid for sid in rest if sid not in appended and self._cache.get(sid) is None]
+        if not appended and not unknown:
+            return failed
+        try:
+            found, lines = self._sync(unknown, appended)
+        except PersistenceError as exc:
+            failed.update((sid, exc) for sid in [*appended, *unknown])
+            return failed
+        for session_id in unknown:
+            if session_id not in found:
+                failed[session_id] = missing_session(session_id)
+        for session_id, record in appended.items():
+            with self._unconfirmed_lock:
+                if self._unflushed.get(session_id) is record:
+                    del self._unflushed[session_id]
+            token, line, length = lines.get(session_id, (None, None, None))
+            if (token, line) == (record.token, record.lines[-1]):
+                continue
+            self._cache.drop(session_id)
+            stop = record.first + len(record.events)
+            if again and token == record.token and length is not None and \
+                    record.first <= length < stop:
+                failure = self._append_again(session_id, record, length)
+                if failure is None:
+                    continue
+            failed[session_id] = PersistenceError(
+                f"session {session_id!r} lost appended events (the server lost commits "
+                "that had not reached its disk)")
+        return failed
+
+    def _append_again(self, session_id: str, record: Unflushed, length: int
+                      ) -> PersistenceError | None:
+        """Append the lines a crashed server lost at the fence they had, and flush them:
+        those from ``length`` on, once the server holds the ones before as they were (a
+        later synchronous commit of another session made those durable)."""
+        kept = length - record.first
+        try:
+            with self._connection(f"read session {session_id!r}") as conn:
+                found = [bytes(r[0]) for r in conn.execute(
+                    f"SELECT line FROM {EVENTS} WHERE session_id = %s AND seq >= %s AND "
+                    "seq < %s ORDER BY seq", (row_key(session_id), record.first, length))]
+            if found != record.lines[:kept]:
+                raise PersistenceError("the log holds other lines")
+            self._append(session_id, [NewEvent(type=e.type, time=e.time, data=e.data)
+                                      for e in record.events[kept:]], length)
+        except (FenceConflict, ScheduleLogError, PersistenceError) as exc:
+            return PersistenceError(f"session {session_id!r}: {exc}")
+        logger.warning("session %r: appended again the %d event(s) the server lost in a "
+                       "crash", session_id, len(record.events) - kept)
+        return self.flush_many([session_id], again=False).get(session_id)
+
+    def _sync(self, unknown: list[str], appended: dict[str, Unflushed]
+              ) -> tuple[set[str], dict[str, tuple[int, bytes | None, int]]]:
+        """One synchronously committed transaction: the ids of ``unknown`` that exist, and
+        for each of ``appended`` its row token, the line at its last recorded seq (None:
+        none) and its length."""
+        keys = {row_key(sid): sid for sid in unknown}
+        wanted = {row_key(sid): (sid, record.first + len(record.events) - 1)
+                  for sid, record in appended.items()}
+        with self._connection("confirm sessions durable", writes=bool(wanted)) as conn, \
+                conn.transaction():
+            if wanted:  # else nothing to make durable: existence alone
+                conn.execute("SET LOCAL synchronous_commit = on")
+                conn.execute("SELECT txid_current()")  # a commit record, flushed at commit
+            found = {keys[row[0]] for row in conn.execute(
+                f"SELECT id FROM {SESSIONS} WHERE id = ANY(%s)", (list(keys),))} if keys else set()
+            lines: dict[str, tuple[int, bytes | None, int]] = {}
+            if wanted:
+                rows = conn.execute(
+                    f"SELECT w.id, s.token, e.line, s.length "
+                    f"FROM unnest(%s::text[], %s::bigint[]) "
+                    f"AS w (id, seq) JOIN {SESSIONS} s ON s.id = w.id LEFT JOIN {EVENTS} e "
+                    "ON e.session_id = w.id AND e.seq = w.seq",
+                    (list(wanted), [seq for _, seq in wanted.values()])).fetchall()
+                for key, token, line, length in rows:
+                    lines[wanted[key][0]] = (int(token), None if line is None else bytes(line),
+                                             int(length))
+        return found, lines
+
+    # -- overridable primitives (tests inject faults here) --------------------------------
+
+    def _execute_append(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
+        """Run the append statement; the number of lines it inserted."""
+        return conn.execute(APPEND, params).rowcount
+
+    def _flush_primitive(self, session_id: str) -> None:
+        """Called for each session a flush confirms, before the synchronous commit
+        (nothing of its own to do)."""
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _write_append(self, session_id: str, params: dict[str, Any], token: int,
+                      candidates: tuple[Event, ...], lines: list[bytes]) -> int:
+        """The append statement: the lines inserted (0: the fence did not hold), or -1
+        when its outcome is unknown (recorded for ``flush``)."""
+        sent = False
+        try:
+            with self._connection(f"append to session {session_id!r}", writes=True) as conn:
+                try:
+                    sent = True
+                    return self._execute_append(conn, params)
+                except pg_errors.UniqueViolation:
+                    return 0  # a writer that did not take the fence got there first
+                except psycopg.Error:
+                    if conn.broken:
+                        raise
+                    sent = False  # the server answered: it rolled the statement back
+                    raise
+        except PersistenceError as exc:
+            if not (sent and connection_lost(exc)):
+                raise
+            # The connection was lost after the statement was sent: committed or not.
+            self._cache.drop(session_id)
+            with self._unconfirmed_lock:
+                self._unconfirmed[session_id] = Unconfirmed(token, candidates, lines)
+            logger.warning("append to session %r: outcome unknown, the connection was lost "
+                           "after the statement was sent", session_id)
+            return -1
+
+    def _confirm(self, session_id: str, key: str, pending: Unconfirmed) -> None:
+        """Find out whether an append of unknown outcome committed; commit it at the same
+        fence when it did not and the log has not moved since. ``PersistenceError`` unless
+        the lines are committed on return (once the log has moved on without them, they
+        are forgotten: that flush says so, later ones confirm the rest)."""
+        first = pending.events[0].seq
+        stop = first + len(pending.events)
+        with self._connection(f"confirm session {session_id!r}") as conn:
+            row = conn.execute(f"SELECT token, length FROM {SESSIONS} WHERE id = %s",
+                               (key,)).fetchone()
+            found = [bytes(r[0]) for r in conn.execute(
+                f"SELECT line FROM {EVENTS} WHERE session_id = %s AND seq >= %s AND seq < %s "
+                "ORDER BY seq", (key, first, stop)).fetchall()]
+        if row is not None and int(row[0]) == pending.token:
+            if found == pending.lines:
+                with self._unconfirmed_lock:  # committed: the flush makes it durable
+                    self._unflushed[session_id] = Unflushed.after(
+                        self._unflushed.get(session_id), pending.token, pending.events,
+                        pending.lines, self._reach.epoch)
+                self._forget(session_id, pending)
+                return
+            if not found and int(row[1]) == first:
+                again = [NewEvent(type=e.type, time=e.time, data=e.data) for e in pending.events]
+                try:
+                    self._append(session_id, again, first)
+                except (FenceConflict, ScheduleLogError):
+                    pass  # moved on meanwhile: not kept
+                else:
+                    with self._unconfirmed_lock:
+                        confirmed = self._unconfirmed.get(session_id) is pending
+                    if confirmed:
+                        self._forget(session_id, pending)
+                        return
+                    raise PersistenceError(f"session {session_id!r} could not be confirmed "
+                                           "durable")
+        self._forget(session_id, pending)
+        raise PersistenceError(
+            f"an append to session {session_id!r} of unknown outcome was not kept")
+
+    def _forget(self, session_id: str, pending: Unconfirmed) -> None:
+        with self._unconfirmed_lock:
+            if self._unconfirmed.get(session_id) is pending:
+                del self._unconfirmed[session_id]
+
+    def _after_outage(self) -> None:
+        """Find out whether the server kept this store's appends it had not confirmed when
+        it failed, and append again at the same fence those it lost in a crash: the
+        processes that made them have moved on (a turn delivered, a followup acknowledged)
+        and may never flush those sessions again."""
+        epoch = self._reach.epoch
+        with self._unconfirmed_lock:
+            ids = [sid for sid, kept in self._unflushed.items() if kept.epoch != epoch]
+        for exc in self.flush_many(ids).values():
+            if not exc.outage_said:  # else checked again when the next outage ends
+                logger.warning("after the outage: %s", exc.reason)

@@ -1,0 +1,128 @@
+"""The PostgreSQL session store's tables (shared/store/postgres.py): their schema, one
+migration step per version, the statements the store runs over them, and the row key of
+a session."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from typing import Any, Final
+
+import psycopg
+
+from dsh_schedule.shared.core.errors import PersistenceError
+from dsh_schedule.shared.store.ids import escape_session_id
+
+logger = logging.getLogger("dsh_schedule.shared.store.postgres")
+
+SESSIONS: Final = "dsh_schedule_sessions"
+EVENTS: Final = "dsh_schedule_events"
+SCHEMA: Final = "dsh_schedule_schema"
+# One advisory lock key serialises migrations (an arbitrary constant of this project).
+MIGRATION_LOCK: Final = 0x647368_7363_6865
+
+# The schema, one step per version: step i brings the database from version i to i + 1.
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        f"""CREATE TABLE {SESSIONS} (
+            id text COLLATE "C" PRIMARY KEY,
+            token bigint NOT NULL,
+            header bytea NOT NULL,
+            length bigint NOT NULL DEFAULT 0 CHECK (length >= 0),
+            next_due_ms bigint,
+            next_due_length bigint
+        )""",
+        f"""CREATE TABLE {EVENTS} (
+            session_id text COLLATE "C" NOT NULL REFERENCES {SESSIONS} (id),
+            seq bigint NOT NULL CHECK (seq >= 0),
+            line bytea NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        )""",
+        f"CREATE INDEX {SESSIONS}_next_due ON {SESSIONS} (next_due_ms) "
+        "WHERE next_due_ms IS NOT NULL",
+    ),
+)
+SCHEMA_VERSION: Final[int] = len(MIGRATIONS)
+
+# The append: the fence and the lines in one statement, one transaction.
+APPEND: Final = f"""
+WITH fenced AS (
+    UPDATE {SESSIONS} SET length = %(length)s,
+        next_due_ms = CASE WHEN %(schedule)s THEN %(due)s ELSE next_due_ms END,
+        next_due_length = CASE WHEN %(schedule)s THEN %(length)s ELSE next_due_length END
+    WHERE id = %(id)s AND length = %(expected)s AND token = %(token)s
+    RETURNING id
+)
+INSERT INTO {EVENTS} (session_id, seq, line)
+SELECT fenced.id, t.seq, t.line
+FROM fenced, unnest(%(seqs)s::bigint[], %(lines)s::bytea[]) AS t (seq, line)
+"""
+# The session row and the rows from ``from`` on, in one statement (one snapshot).
+TAIL: Final = f"""
+SELECT s.token, s.header, s.length, e.seq, e.line
+FROM {SESSIONS} s
+LEFT JOIN {EVENTS} e ON e.session_id = s.id AND e.seq >= %(from)s AND e.seq < s.length
+WHERE s.id = %(id)s
+ORDER BY e.seq
+"""
+RANGE: Final = f"""
+SELECT e.seq, e.line FROM {EVENTS} e JOIN {SESSIONS} s ON s.id = e.session_id
+WHERE s.id = %(id)s AND s.token = %(token)s AND e.seq >= %(start)s AND e.seq < %(stop)s
+ORDER BY e.seq
+"""
+
+# One page of the index of next due moments (``due_index``), in row key order.
+DUE_PAGE_QUERY: Final = f"""
+SELECT id, next_due_ms, next_due_length FROM {SESSIONS}
+WHERE next_due_ms IS NOT NULL AND next_due_ms < %(before)s AND id > %(after)s
+ORDER BY id LIMIT %(limit)s
+"""
+NO_LATER_MS: Final = 2**63 - 1
+
+
+@functools.lru_cache(maxsize=65_536)
+def row_key(session_id: str) -> str:
+    """The row key of ``session_id``: its escaped form, as the JSONL file name has it."""
+    return escape_session_id(session_id)
+
+
+def new_token() -> int:
+    return secrets.randbits(62)
+
+
+def migrate_database(conn: psycopg.Connection[Any]) -> int:
+    """Bring the schema to ``SCHEMA_VERSION``, one step (one transaction) per version; the
+    version before. ``PersistenceError`` for a database at a newer version than this code
+    knows."""
+    before = database_version(conn)
+    while True:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {SCHEMA} (one boolean PRIMARY KEY "
+                "DEFAULT true CHECK (one), version integer NOT NULL)")
+            version = database_version(conn)
+            if version > SCHEMA_VERSION:
+                raise PersistenceError(
+                    f"the database's session schema is version {version}, newer than "
+                    f"this release's {SCHEMA_VERSION}")
+            if version == SCHEMA_VERSION:
+                break
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            conn.execute(
+                f"INSERT INTO {SCHEMA} (one, version) VALUES (true, %s) "
+                "ON CONFLICT (one) DO UPDATE SET version = excluded.version",
+                (version + 1,))
+            logger.info("session schema migrated to version %d", version + 1)
+    return before
+
+
+def database_version(conn: psycopg.Connection[Any]) -> int:
+    """The database's schema version (0: none yet)."""
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (SCHEMA,)).fetchone()
+    if not row or not row[0]:
+        return 0
+    found = conn.execute(f"SELECT version FROM {SCHEMA}").fetchone()
+    return 0 if found is None else int(found[0])
