@@ -38,6 +38,7 @@ DAY_MS: Final = 86_400_000
 IDLE_WINDOW_S: Final = 30.0
 ARMED_PER_S: Final = 500  # the slowest arming the wait allows for, on top of a minute
 BURST_LEAD_S: Final = 20.0  # creates are done before the burst's second, with this lead
+CREATE_MS: Final = 15  # the longest one create of the burst is allowed, on top of the lead
 
 
 class UnloadedFigure(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,7 +101,7 @@ def _burst(rt: RedisRuntime, plan: Plan, progress: Progress) -> tuple[int, list[
     b = plan.unloaded_burst
     names = [f"{plan.tag}-b{i}" for i in range(b)]
     coord = Coordination(rt.client, rt.settings)
-    due_ms = wall_clock_ms() + int(BURST_LEAD_S * 1000) + b * 5
+    due_ms = wall_clock_ms() + int(BURST_LEAD_S * 1000) + b * CREATE_MS
     due_ms -= due_ms % 1000
     tools = ScheduleTools(rt.store, coord, rt.settings, wall_clock_ms)
     at = format_instant(due_ms)
