@@ -38,10 +38,13 @@ import msgspec
 
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.aio import AsyncAgent, AsyncAgentRegistry, AsyncSchedulePlugin
+from dsh_schedule.host.ondemand import DueLoads
 from dsh_schedule.host.plugin import SchedulePlugin
 from dsh_schedule.host.reference import ReferenceHost
+from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.clock import Clock, wall_clock_ms
 from dsh_schedule.shared.core.events import SessionHeader
+from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.naming import store_from_settings
 from dsh_schedule.shared.store.port import SessionStore
@@ -120,6 +123,8 @@ class EmbeddedRuntime:
         self._passed = threading.Condition()
         self._passes = {"scheduler": 0, "worker": 0}
         self._plugins: list[SchedulePlugin] = []
+        # The load requests of the plugins given ``on_due_unloaded`` (None: not given).
+        self._loads: list[DueLoads | None] = []
         self._hosts: list[ReferenceHost] = []
         # open_agent's registries, by id() of the plugin they are loaded into (kept alive).
         self._registries: dict[int, tuple[AsyncSchedulePlugin, AsyncAgentRegistry]] = {}
@@ -132,6 +137,7 @@ class EmbeddedRuntime:
         plugin = SchedulePlugin(store=self.store, coordination=self.coordination,
                                 settings=self.settings, clock=self.clock, **options)
         self._plugins.append(plugin)
+        self._loads.append(plugin.loads)
         return plugin
 
     def async_plugin(self, **options: Any) -> AsyncSchedulePlugin:
@@ -140,6 +146,7 @@ class EmbeddedRuntime:
         plugin = AsyncSchedulePlugin(store=self.store, coordination=self.coordination,
                                      settings=self.settings, clock=self.clock, **options)
         self._plugins.append(plugin.sync)
+        self._loads.append(plugin.loads)
         return plugin
 
     def reference_host(self, **options: Any) -> ReferenceHost:
@@ -150,6 +157,7 @@ class EmbeddedRuntime:
                              **options)
         self._hosts.append(host)
         self._plugins.append(host.plugin)
+        self._loads.append(host.plugin.loads)
         return host
 
     def create_session(self, session_id: str, *, time_zone: str | None = None) -> None:
@@ -157,6 +165,13 @@ class EmbeddedRuntime:
         if not self.store.exists(session_id):
             self.store.create(SessionHeader(id=session_id, createdAt=self.clock(),
                                             timeZone=time_zone))
+
+    def call_tool(self, session_id: str, tool: str, arguments: Any) -> ToolResult:
+        """Run one Schedule tool call in an existing session without loading it (no agent,
+        no lease), as the web console does: a test's way to give a session that no host has
+        loaded a reminder."""
+        tools = ScheduleTools(self.store, self.coordination, self.settings, self.clock)
+        return tools.call(session_id, tool, arguments)
 
     async def open_agent(self, plugin: AsyncSchedulePlugin, session_id: str, *,
                          time_zone: str | None = None) -> AsyncAgent:
@@ -188,8 +203,22 @@ class EmbeddedRuntime:
 
     def settle(self, *, timeout_s: float = SETTLE_S) -> None:
         """Wait until the scheduler, then the worker, has made a whole pass begun after
-        this call: a wake due now has been moved and run. TimeoutError after
-        ``timeout_s``."""
+        this call: a wake due now has been moved and run. With ``on_due_unloaded`` given
+        to a plugin, also until it has answered the load requests of the sessions whose
+        reminders fell due, and the passes have run again: the reminders of the sessions it
+        loaded are announced too. TimeoutError after ``timeout_s``."""
+        for loop in ("scheduler", "worker"):
+            self._wait_passes(loop, 2, timeout_s)
+        loads = [found for found in self._loads if found is not None]
+        if not loads:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not all(found.answered() for found in loads):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the load requests were not answered in {timeout_s:g} s"
+                                   " (an asyncio host awaits advance in a thread: "
+                                   "asyncio.to_thread(runtime.advance, seconds))")
+            time.sleep(PASS_S)
         for loop in ("scheduler", "worker"):
             self._wait_passes(loop, 2, timeout_s)
 

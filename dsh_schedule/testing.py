@@ -14,6 +14,14 @@ Installed with the package as a pytest plugin (the ``pytest11`` entry point
         (delivery,) = host.pump("chat-1")
         assert '"stretch"' in delivery.text
 
+A host that re-creates its agents when their reminders fall due (``on_due_unloaded``,
+docs/integrations/README.md#reminders-in-closed-threads) overrides ``schedule_settings``
+to turn the mode on::
+
+    @pytest.fixture
+    def schedule_settings():
+        return Settings(wake_unloaded=True)
+
 Without the entry point (``-p no:dsh_schedule``), ``pytest_plugins = ["dsh_schedule.testing"]``
 in a ``conftest.py`` loads it.
 """
@@ -28,15 +36,25 @@ import pytest
 
 if TYPE_CHECKING:
     from dsh_schedule.runtime import EmbeddedRuntime
+    from dsh_schedule.shared.settings import Settings
 
 
 @pytest.fixture
-def schedule_runtime(tmp_path: Path) -> Iterator[EmbeddedRuntime]:
+def schedule_settings() -> Settings:
+    """The tunables of ``schedule_runtime`` (the defaults); override it to change them."""
+    from dsh_schedule.shared.settings import Settings
+
+    return Settings()
+
+
+@pytest.fixture
+def schedule_runtime(tmp_path: Path, schedule_settings: Settings) -> Iterator[EmbeddedRuntime]:
     """A started ``EmbeddedRuntime`` on a ``ManualClock`` (it moves only by
-    ``schedule_runtime.advance(seconds)``), its sessions in the test's ``tmp_path``;
-    closed at the end of the test."""
+    ``schedule_runtime.advance(seconds)``) with ``schedule_settings``, its sessions in the
+    test's ``tmp_path``; closed at the end of the test."""
     # Imported here: loading the plugin loads neither Redis nor rq.
     from dsh_schedule.runtime import ManualClock, embedded_runtime
 
-    with embedded_runtime(tmp_path / "sessions", clock=ManualClock()) as runtime:
+    with embedded_runtime(tmp_path / "sessions", settings=schedule_settings,
+                          clock=ManualClock()) as runtime:
         yield runtime

@@ -11,7 +11,9 @@ so this runs offline: ``pip install '.[pydantic-ai]'`` (README.md#install), then
     python docs/integrations/pydantic_ai_example.py [--redis redis://127.0.0.1:6379/0] [--verbose]
 
 ``DSH_SCHEDULE_SESSIONS`` names the session directory (default: a temporary one);
-``DSH_SCHEDULE_LIFECYCLE=on`` offers the fourth tool, ``schedule_update``.
+``DSH_SCHEDULE_LIFECYCLE=on`` offers the fourth tool, ``schedule_update``;
+``DSH_SCHEDULE_WAKE_UNLOADED=on`` closes the thread after the person's turn, and the
+plugin's ``on_due_unloaded`` opens it again when the reminder falls due.
 """
 
 # ruff: noqa: T201 - an example that prints what happens
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +84,18 @@ def scripted_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
                                              {"prompt": "stretch", "after_seconds": 2})])
 
 
-async def converse(plugin: AsyncSchedulePlugin) -> int:
+def reopening(agents: AsyncAgentRegistry) -> Callable[[str], Awaitable[None]]:
+    """``on_due_unloaded``: a closed thread's root agent created again when a reminder
+    falls due in it (Schedule installs on it; the reminder is then delivered as usual)."""
+    async def reopen(thread: str) -> None:
+        print("reopened", thread, "for its reminder")
+        await agents.create(thread)
+
+    return reopen
+
+
+async def converse(plugin: AsyncSchedulePlugin, agents: AsyncAgentRegistry) -> int:
     """The person's turn, then the reminder's: the part a host writes."""
-    agents = AsyncAgentRegistry()
     plugin.load(agents)
     plugin.store.create(SessionHeader(id=SESSION, createdAt=wall_clock_ms(), timeZone=ZONE))
     await agents.create(SESSION)  # Schedule installs on the root agent: it holds a lease
@@ -100,6 +112,9 @@ async def converse(plugin: AsyncSchedulePlugin) -> int:
             time_context=time_context_reading(wall_clock_ms(), ZONE),
         )
         print("answer:", result.output)
+        if plugin.loads is not None:  # DSH_SCHEDULE_WAKE_UNLOADED=on
+            await plugin.unload([SESSION])  # the thread is closed: no agent, no lease
+            print("closed", SESSION)
 
         stop = asyncio.Event()
 
@@ -128,18 +143,25 @@ async def converse(plugin: AsyncSchedulePlugin) -> int:
 
 async def main(args: argparse.Namespace) -> int:
     sessions = Path(os.environ.get("DSH_SCHEDULE_SESSIONS") or tempfile.mkdtemp())
+    agents = AsyncAgentRegistry()  # the host's agents, created by the person and by a reminder
     if args.redis is None:
         rq_level = "INFO" if args.verbose else "WARNING"  # rq's line per job, when asked
-        with embedded_runtime(sessions, rq_log_level=rq_level) as runtime:
-            return await converse(runtime.async_plugin(lifecycle=Settings.from_env().lifecycle))
+        chosen = Settings.from_env()
+        reopen = reopening(agents) if chosen.wake_unloaded else None
+        with embedded_runtime(sessions, settings=Settings(wake_unloaded=chosen.wake_unloaded),
+                              rq_log_level=rq_level) as runtime:
+            return await converse(runtime.async_plugin(lifecycle=chosen.lifecycle,
+                                                       on_due_unloaded=reopen), agents)
     tag = uuid.uuid4().hex[:8]
     settings = Settings.from_env(redis_url=args.redis, sessions=sessions,
                                  prefix=f"pai-{tag}:", queue=f"pai-{tag}")
     plugin = AsyncSchedulePlugin(store=JsonlStore(settings.sessions), settings=settings,
-                                 coordination=Coordination(connect(settings.redis_url), settings))
+                                 coordination=Coordination(connect(settings.redis_url), settings),
+                                 on_due_unloaded=reopening(agents) if settings.wake_unloaded
+                                 else None)
     processes = start_beside(settings, verbose=args.verbose)
     try:
-        return await converse(plugin)
+        return await converse(plugin, agents)
     finally:
         for process in processes:
             process.terminate()

@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Final, Protocol
 
 import redis
@@ -256,6 +256,11 @@ class AsyncSchedulePlugin:
             return await settle(self.sync.check_redis)
         finally:
             self.bridge.poke()
+
+    async def unload(self, agents: Sequence[str]) -> list[str]:
+        """``SchedulePlugin.unload`` in a thread: a closed thread's agent let go (with
+        ``wake_unloaded`` its reminders keep their timers)."""
+        return await settle(self.sync.unload, list(agents))
 
     async def health(self) -> status.Health:
         return await settle(self.sync.health)

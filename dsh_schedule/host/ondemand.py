@@ -77,6 +77,7 @@ class DueLoads:
         self._claim_ms = int(settings.lease_ttl_s * 1000)
         # Set once the first rebuild is done and requests are read from here on.
         self.listening = threading.Event()
+        self._answered: str | None = None  # the last request whose batch has ended
 
     @property
     def queue(self) -> str:
@@ -105,6 +106,12 @@ class DueLoads:
                  written)
         return written
 
+    def answered(self) -> bool:
+        """Whether every request announced so far has been answered (loaded, declined or
+        a no-op): what an embedded runtime waits for before its next passes."""
+        return (self.listening.is_set()
+                and self._timers.newest_request(self.queue) == self._answered)
+
     # -- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -119,10 +126,11 @@ class DueLoads:
                     if cursor is None or lost:
                         cursor = None
                 if cursor is None:
-                    cursor = self._timers.newest_request(self.queue)
+                    cursor = self._answered = self._timers.newest_request(self.queue)
                     self.rebuild()
                     self.listening.set()
                 cursor = self._read(cursor)
+                self._answered = cursor
             except (redis.RedisError, PersistenceError) as exc:
                 if isinstance(exc, redis.RedisError) and not is_outage(exc):
                     log.exception("load requests: Redis refused a command")

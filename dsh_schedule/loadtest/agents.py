@@ -68,6 +68,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     burst_agents: int
     memory_sessions: int
     memory_events: int
+    unloaded_sessions: int = 0  # the unloaded phase (loadtest/unloaded.py)
+    unloaded_burst: int = 0
 
 
 class RecordingFollowups(Followups):

@@ -46,11 +46,13 @@ from dsh_schedule.loadtest.rebuild import measure_rebuild
 from dsh_schedule.loadtest.report import Result, render_table, targets
 from dsh_schedule.loadtest.runtime import InProcessRuntime, LoadtestError, Runtime
 from dsh_schedule.loadtest.stats import Progress, Stopwatch, machine
+from dsh_schedule.loadtest.unloaded import measure_unloaded
 from dsh_schedule.shared.settings import Settings
 
-PHASES: Final = ("create", "session", "due", "lateness", "rebuild", "idle", "burst", "memory")
+PHASES: Final = ("create", "session", "due", "lateness", "rebuild", "idle", "burst", "memory",
+                  "unloaded")
 # Phases where every part is a process of its own: with --redis only.
-PROCESS_PHASES: Final = ("idle", "burst", "memory")
+PROCESS_PHASES: Final = ("idle", "burst", "memory", "unloaded")
 
 # (flag, Plan field, full run, embedded run, smoke run, upper bound); the sizes of the
 # process phases have no embedded column of their own (they need --redis).
@@ -73,9 +75,12 @@ _SIZES: Final = (
     ("--burst-agents", "burst_agents", 10_000, 10_000, 20, 100_000),
     ("--memory-sessions", "memory_sessions", 1000, 1000, 3, 10_000),
     ("--memory-events", "memory_events", 10_000, 10_000, 1000, 1_000_000),
+    ("--unloaded-sessions", "unloaded_sessions", 1_000_000, 1_000_000, 20, 2_000_000),
+    ("--unloaded-burst", "unloaded_burst", 10_000, 10_000, 10, 100_000),
 )
 _PROCESS_SIZES: Final = frozenset({"idle_agents", "idle_window_s", "idle_warmup_s",
-                                   "burst_agents", "memory_sessions", "memory_events"})
+                                   "burst_agents", "memory_sessions", "memory_events",
+                                   "unloaded_sessions", "unloaded_burst"})
 _SESSION_SIZES: Final = {
     "full": (0, 100, 1_000, 10_000, 100_000),
     "embedded": (0, 100, 1_000, 10_000, 100_000),
@@ -241,6 +246,7 @@ def _run_phases(args: argparse.Namespace, plan: Plan, phases: list[str], root: P
         ("burst", lambda f: setattr(figures, "burst", measure_burst(f, plan, progress))),
         ("memory", lambda f: setattr(figures, "process_memory",
                                      measure_process_memory(f, plan, progress))),
+        ("unloaded", lambda f: setattr(figures, "unloaded", measure_unloaded(f, plan, progress))),
     ]
     peer_idle: list[PeerIdle] = []
     peer_burst: list[PeerBurst] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from dsh_schedule.loadtest.stats import ArmCurve, Latency, cost_ratio
+from dsh_schedule.loadtest.unloaded import UnloadedFigure
 
 
 class CreateFigure(msgspec.Struct, frozen=True, kw_only=True):
@@ -278,3 +279,4 @@ class Figures(msgspec.Struct, kw_only=True):
     burst: BurstFigure | None = None
     process_memory: ProcessMemoryFigure | None = None
     peers: PeersFigure | None = None
+    unloaded: UnloadedFigure | None = None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
+import msgspec
 import redis
 from rq import Queue
 
@@ -141,6 +142,11 @@ class RedisRuntime:
         the process in ``role`` (see ``pids``), stopped when the runtime closes: the peers'
         worker processes."""
         self._named[role] = self._launch(role, args, self.settings.queue, env)
+
+    def wake_unloaded(self) -> None:
+        """Turn ``DSH_SCHEDULE_WAKE_UNLOADED`` on here and in the processes started next."""
+        self._env["DSH_SCHEDULE_WAKE_UNLOADED"] = "on"
+        self.settings = msgspec.structs.replace(self.settings, wake_unloaded=True)
 
     def child_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of this runtime's child processes, with ``extra``."""

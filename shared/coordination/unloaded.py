@@ -96,7 +96,26 @@ class UnloadedTimers:
                 self._keys.unloaded(queue), self._keys.load_attempts(queue),
                 self._keys.unloaded_queues(), self._keys.mover_nudge()], [
                 queue, *(part for session, due in chunk for part in (session, _ms(due)))]))
+        self._leave_other_queues(queue, [session for session, due in items if due is not None])
         return written
+
+    def _leave_other_queues(self, queue: str, sessions: Sequence[str]) -> None:
+        """A session has one timer, on the queue that let it go last: its timers on the
+        other queues go (its lease moved from one of them). Not in the park's script: a
+        crash between the two leaves a stale timer, which is only ever early."""
+        if not sessions:
+            return
+        members: Any = self._client.smembers(self._keys.unloaded_queues())
+        others = [name for name in map(_text, members) if name != queue]
+        if not others:
+            return
+        with self._client.pipeline(transaction=False) as pipe:
+            for other in others:
+                for start in range(0, len(sessions), PARK_BATCH):
+                    chunk = sessions[start:start + PARK_BATCH]
+                    pipe.zrem(self._keys.unloaded(other), *chunk)
+                    pipe.hdel(self._keys.load_attempts(other), *chunk)
+            pipe.execute()
 
     def park_wakes(self, agents: Sequence[str]) -> int:
         """Park each agent at its wake's moment (retiring a dead host's agents, whose

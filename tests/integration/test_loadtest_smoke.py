@@ -370,3 +370,24 @@ def test_the_peers_leave_nothing_behind(peers_run: tuple[dict[str, Any], str],
         assert list(client.scan_iter(match=f"*{tag}*")) == []
     finally:
         client.close()
+
+
+# -- the unloaded sessions' phase (issue 37), on the suite's real Redis -------------------
+
+
+@pytest.fixture(scope="module")
+def unloaded_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    conftest.real_redis_client().close()  # fails the test (never skips) with no Redis
+    return _smoke(tmp_path_factory.mktemp("loadtest-unloaded"), "--redis",
+                  conftest.REAL_REDIS_URL, "--phases", "unloaded", timeout=240)
+
+
+def test_the_unloaded_phase_arms_every_timer_and_delivers_every_burst_reminder(
+        unloaded_result: dict[str, Any]) -> None:
+    unloaded = unloaded_result["figures"]["unloaded"]
+    assert unloaded["armed"] == unloaded["sessions"] == 20
+    assert isinstance(unloaded["arm_s"], float)
+    assert unloaded["redis_bytes_per_session"] > 0
+    assert unloaded["burst_created"] == unloaded["burst_delivered"] == unloaded["burst"] == 10
+    assert unloaded["burst_session"]["count"] == 10
+    assert unloaded["host_peak_rss_bytes"] > 0

@@ -174,6 +174,28 @@ def test_a_session_let_go_keeps_its_timer_and_the_mode_off_writes_none(
             assert found == []
 
 
+def test_a_session_let_go_from_another_queue_has_its_timer_only_there(
+        tmp_path: Path, redis_client: redis.Redis, on: Settings) -> None:
+    # given: a session let go by a host of queue A, its timer on A
+    store = JsonlStore(tmp_path / "store", syncfs=False)
+    store.create(header("s1"))
+    store.append("s1", [at_create("r1"), message("hi")], 0)
+    group_a = msgspec.structs.replace(on, queue=f"{on.queue}-a")
+    group_b = msgspec.structs.replace(on, queue=f"{on.queue}-b")
+    coord = Coordination(redis_client, on)
+    for group in (group_a, group_b):
+        # when: it is loaded and let go by a host of A, then by a host of B
+        host = ReferenceHost(store, Coordination(redis_client, group), group,
+                             clock=FakeClock(DUE - 60_000))
+        host.open_root("s1")
+        host.close()
+    # then: its one timer is on B, where it was let go last; A announces nothing
+    assert coord.unloaded.timer(group_b.queue, "s1") == DUE
+    assert coord.unloaded.timer(group_a.queue, "s1") is None
+    assert [(a.queue, a.session) for a in coord.unloaded.take_due(DUE)] == [
+        (group_b.queue, "s1")]
+
+
 def test_the_callback_needs_the_mode(tmp_path: Path, redis_client: redis.Redis,
                                      settings: Settings) -> None:
     with pytest.raises(CompositionError, match="wake_unloaded"):

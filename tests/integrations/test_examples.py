@@ -161,3 +161,28 @@ def test_with_the_lifecycle_on_an_example_offers_schedule_update_and_still_deliv
     assert "model answered: Reminder: time to stretch!" in result.stdout
     store = JsonlStore(sessions)
     assert delivered_counts(store, SESSION) == {"schedule-1": 1}
+
+
+@pytest.mark.timeout(TIMEOUT_S + 30)
+@pytest.mark.parametrize("example", ["langgraph_example.py", "pydantic_ai_example.py"])
+def test_with_wake_unloaded_a_closed_thread_is_reopened_for_its_reminder(
+        example: str, where: list[str], tmp_path: Path) -> None:
+    # given an example with DSH_SCHEDULE_WAKE_UNLOADED=on: it closes the thread after the
+    # person's turn, and its on_due_unloaded opens it again
+    sessions = tmp_path / "sessions"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
+    env.update(DSH_SCHEDULE_SESSIONS=str(sessions), DSH_SCHEDULE_WAKE_UNLOADED="on")
+
+    # when it runs to its end
+    result = run_example(EXAMPLES / example, env, where)
+
+    # then the thread was closed, opened again by its reminder, and the reminder answered
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    assert result.stderr == "", result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    closed, reopened = lines.index(f"closed {SESSION}"), lines.index(
+        f"reopened {SESSION} for its reminder")
+    assert closed < reopened < lines.index("model answered: Reminder: time to stretch!")
+    store = JsonlStore(sessions)
+    assert dispatch_counts(store, SESSION) == {"schedule-1": 1}
+    assert delivered_counts(store, SESSION) == {"schedule-1": 1}

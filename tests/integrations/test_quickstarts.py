@@ -73,3 +73,24 @@ def test_the_host_test_it_shows_passes(schedule_runtime: EmbeddedRuntime) -> Non
     namespace: dict[str, Any] = {}
     exec(compile(code_under("## Testing a host"), "host test", "exec"), namespace)  # noqa: S102
     namespace["test_the_agent_is_reminded"](schedule_runtime)
+
+
+def test_the_closed_thread_quickstart_reopens_the_thread_and_answers_the_reminder(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    model = example("langgraph_example").ScriptedChatModel()
+    run_main(code_under("### Reminders in closed threads"), model)
+    assert capsys.readouterr().out == "Reminder: time to stretch!\n"
+
+
+def test_the_closed_session_host_test_it_shows_passes(tmp_path: Path) -> None:
+    from dsh_schedule.runtime import ManualClock, embedded_runtime
+    from dsh_schedule.shared.settings import Settings
+
+    namespace: dict[str, Any] = {}
+    section = README[README.index("A reminder in a session no host has loaded"):]
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found is not None
+    exec(compile(found.group(1), "host test", "exec"), namespace)  # noqa: S102
+    with embedded_runtime(tmp_path / "sessions", settings=Settings(wake_unloaded=True),
+                          clock=ManualClock()) as runtime:
+        namespace["test_a_closed_session_is_reminded"](runtime)
