@@ -36,7 +36,7 @@ from dsh_schedule.shared.core.errors import (
 )
 from dsh_schedule.shared.core.events import Event, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
-from dsh_schedule.shared.logging_setup import add_log_context
+from dsh_schedule.shared.logging_setup import add_log_context, log_context
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -294,6 +294,14 @@ class LogTransactions:
                     self.rearm(agent, latest[-1], release=held)
 
     def _attempt(
+        self, agent: str, decide: Callable[[Read, int], Decision[T]], latest: list[FoldState]
+    ) -> T:
+        # A block of its own: the schedule id it adds to the log context ends with the
+        # attempt, whether or not the caller opened a block (a gate may not have).
+        with log_context():
+            return self._decide_and_append(agent, decide, latest)
+
+    def _decide_and_append(
         self, agent: str, decide: Callable[[Read, int], Decision[T]], latest: list[FoldState]
     ) -> T:
         try:

@@ -133,3 +133,18 @@ def test_a_fence_conflict_is_not_a_failure_of_the_batch_step(
     store.append(session, list(_note(0)), expected_seq=stale.length)
     with pytest.raises(FenceConflict):
         tx.append(session, stale, _note(1))
+
+
+def test_the_schedule_id_a_transaction_logs_with_ends_with_it(
+    store: MemoryStore, tx: LogTransactions
+) -> None:
+    """A caller that opened no log block keeps no schedule id after the transaction."""
+    from dsh_schedule.shared import logging_setup
+
+    session = new_session(store)
+
+    def decide(read: Read, now: int) -> Decision[int]:
+        return Decision(events=_note(now), then=lambda _after: read.length, subject="schedule-9")
+
+    tx.transact(session, decide, what="note", wait_s=1.0)
+    assert "schedule_id" not in logging_setup._context.get()
