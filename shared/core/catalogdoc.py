@@ -24,12 +24,14 @@ def _json_block(value: Any) -> list[str]:
     return ["```json", json.dumps(value, ensure_ascii=False, indent=2), "```"]
 
 
-def _tool_section(tool: ToolDefinition) -> list[str]:
+def _tool_section(tool: ToolDefinition, note: str | None = None) -> list[str]:
+    """A tool's section: its description, ``note`` when given, its schemas."""
     return [
         f"## `{tool.name}`",
         "",
         tool.description,
         "",
+        *([note, ""] if note is not None else []),
         "### Arguments",
         "",
         *_json_block(tool.input_schema),
@@ -136,24 +138,12 @@ def _lifecycle_section() -> list[str]:
         "",
         *_json_block(listing.output_schema["$defs"]["everyView"]),
         "",
-        f"## `{update.name}`",
-        "",
-        update.description,
-        "",
-        "Each argument is checked as `schedule_create` checks it, with the same codes; "
-        "`invalid_rule` also for a `paused` that is not a boolean, `count` not above the "
-        "deliveries already made, `until` before the reminder's next target, or a resume "
-        "with no occurrence left. An update that changes nothing appends nothing and "
-        "answers the view.",
-        "",
-        "### Arguments",
-        "",
-        *_json_block(update.input_schema),
-        "",
-        "### Result",
-        "",
-        *_json_block(update.output_schema),
-        "",
+        *_tool_section(update, note=(
+            "Each argument is checked as `schedule_create` checks it, with the same codes; "
+            "`invalid_rule` also for a `paused` that is not a boolean, `count` not above the "
+            "deliveries already made, `until` before the reminder's next target, or a resume "
+            "with no occurrence left. An update that changes nothing appends nothing and "
+            "answers the view.")),
     ]
 
 
