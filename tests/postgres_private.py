@@ -62,8 +62,10 @@ def _as_owner() -> list[str]:
 class PrivateServer:
     """One PostgreSQL server this test started; ``url`` names its ``postgres`` database."""
 
-    def __init__(self, small_disk_mb: int | None = None) -> None:
+    def __init__(self, small_disk_mb: int | None = None, **settings: str) -> None:
+        """``settings``: server settings given on its command line (``-c name=value``)."""
         self.bindir = postgres_bindir()
+        self.settings = settings
         self.root = Path(tempfile.mkdtemp(prefix="dsh-test-postgres-"))
         self.mount: Path | None = None
         if small_disk_mb is not None:
@@ -90,7 +92,8 @@ class PrivateServer:
             [*_as_owner(), str(self.bindir / "postgres"), "-D", str(self.data),
              "-p", str(self.port), "-k", str(self.root), "-c", "listen_addresses=127.0.0.1",
              "-c", "max_connections=60", "-c", "shared_buffers=16MB",
-             "-c", "max_wal_size=64MB", "-c", "min_wal_size=32MB"],
+             "-c", "max_wal_size=64MB", "-c", "min_wal_size=32MB",
+             *[arg for name, value in self.settings.items() for arg in ("-c", f"{name}={value}")]],
             stdout=log, stderr=subprocess.STDOUT, preexec_fn=PRE_EXEC)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -3,8 +3,12 @@
 
 An entry is delivered into the session only when the log holds a dispatch for each of its
 reminders and no delivered message covers them; otherwise it is dropped. Either way it is
-acknowledged and deleted, so delivery into the session is exactly once per dispatch,
-whatever Redis or a crashed worker did.
+acknowledged and deleted once the log that decided it is durable, so delivery into the
+session is exactly once per dispatch, whatever Redis, a crashed worker or a crashed
+database did: a delivery whose barrier flush failed stays unacknowledged, and the next
+gate of the entry (its consumer reads its own unacknowledged entries first) drops it once
+a preflight confirms the message durable, or delivers it again when the store lost it
+(docs/decisions.md#a-delivery-is-acknowledged-once-durable).
 
 A Redis outage (``is_outage``) that interrupts a round after it delivered answers with
 what it delivered, so the host runs those turns; the entries it could not acknowledge
@@ -123,6 +127,7 @@ class _Decided:
 
     def __init__(self) -> None:
         self.delivered: dict[str, Delivery] = {}
+        self.delivered_entry: dict[str, str] = {}  # the entry id each delivery came from
         self.entries: list[tuple[str, str]] = []  # (agent, entry id) to acknowledge
         self.again: list[str] = []
         self.busy: list[str] = []
@@ -189,13 +194,18 @@ class DeliveryGate:
                 return None
             for entry in entries:
                 try:
-                    delivery = self._gate(agent, entry)
+                    delivery, durable = self._gate(agent, entry)
                 except Exception as exc:
                     if not is_outage(exc) and not (
                             isinstance(exc, PersistenceError) and disk_outage_errno(exc)):
                         self._failures.failed(agent)  # the caller logs it
                     raise
                 self._failures.ended(agent)
+                if not durable:
+                    # The turn runs; the entry waits, unacknowledged, for its next gate
+                    # after a backoff (the store is failing now).
+                    self._failures.failed(agent)
+                    return delivery
                 try:
                     followups.done(agent, entry.entry_id)
                 except redis.RedisError as exc:
@@ -265,9 +275,14 @@ class DeliveryGate:
                 self._decide(agent, reads[agent], decided)
         delivered = [agent for agent in agents if agent in decided.delivered]
         for agent, exc in self._tx.barrier(delivered).items():
-            # The message is appended: the turn must run. The next preflight confirms
-            # its durability.
-            log.warning("delivery barrier for %s failed: %s", agent, exc.reason)
+            _unconfirmed(agent, exc)
+            # The turn runs; the entry that delivered it (the agent's last decided) stays
+            # unacknowledged for its next gate, after a backoff (the store is failing now).
+            decided.entries.remove((agent, decided.delivered_entry[agent]))
+            if agent in decided.again:
+                decided.again.remove(agent)
+            self._failures.failed(agent)
+            decided.failed.append(agent)
 
     def _decide(self, agent: str, read: StreamRead, decided: _Decided) -> None:
         """Gate ``entries`` in order until one is delivered, noting what was decided; the
@@ -281,6 +296,7 @@ class DeliveryGate:
                 left -= 1
                 if delivery is not None:
                     decided.delivered[agent] = delivery
+                    decided.delivered_entry[agent] = entry.entry_id
                     break
         except Exception as exc:
             if is_outage(exc):
@@ -296,16 +312,25 @@ class DeliveryGate:
             # entry added since is announced on the ready stream again.
             decided.again.append(agent)
 
-    def _gate(self, agent: str, entry: FollowupEntry) -> Delivery | None:
+    def _gate(self, agent: str, entry: FollowupEntry) -> tuple[Delivery | None, bool]:
+        """The gate for one entry with its own lock and flushes: what it delivered, and
+        whether the log that decided it is durable (False: the barrier flush after the
+        delivery failed, so the entry must not be acknowledged yet)."""
         with self._tx.hold(agent, wait_s=self._settings.tool_lock_wait_s):
-            return self._gate_held(agent, entry, own_flushes=True)
+            delivery = self._gate_held(agent, entry, own_flushes=True)
+            if delivery is None:
+                return None, True
+            for failed in self._tx.barrier([agent]).values():
+                _unconfirmed(agent, failed)
+                return delivery, False
+            return delivery, True
 
     def _gate_held(
         self, agent: str, entry: FollowupEntry, *, own_flushes: bool
     ) -> Delivery | None:
         """The gate for one entry, the agent's lock held. ``own_flushes``: flush before
-        deciding and after a delivery; without it the caller does both, for many agents
-        at once."""
+        deciding; without it the caller does, for many agents at once. The caller runs
+        the barrier flush after a delivery."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
             delivery = self._deliver(agent, entry, own_flushes=own_flushes)
@@ -338,13 +363,16 @@ class DeliveryGate:
         if written is None:
             return None
         read, appended = written
-        if own_flushes:
-            for failed in self._tx.barrier([agent]).values():
-                # The message is appended: the turn must run. The next preflight confirms
-                # its durability.
-                log.warning("delivery barrier for %s failed: %s", agent, failed.reason)
         log.info("delivered followup %s for %s", entry.entry_id, agent)
         return Delivery(text=entry.text, pairs=entry.pairs, turn=read.length, events=appended)
+
+
+def _unconfirmed(agent: str, exc: PersistenceError) -> None:
+    """Say that a delivery's barrier flush failed: the message is appended and its turn
+    runs, but until a later flush confirms it the store may still lose it (a database
+    that crashed before writing it), so its entry stays unacknowledged."""
+    log.warning("delivery barrier for %s failed (the followup stays unacknowledged until "
+                "a later gate finds the message durable): %s", agent, exc.reason)
 
 
 def deliverable(entry: FollowupEntry, read: Read) -> bool:

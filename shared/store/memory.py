@@ -48,7 +48,8 @@ class MemoryStore:
     Faults (all raise ``PersistenceError`` exactly where the file store would):
     ``fail_next_append(n)`` makes the next n appends fail at the write, after the fence
     and the invariant passed, with nothing written; ``fail_next_flush(n)`` and
-    ``fail_flushes`` make ``flush`` fail with the events kept; ``fail_reads`` makes
+    ``fail_flushes`` make ``flush`` fail with the events kept; ``lose_unflushed`` then
+    drops what no flush confirmed, as a crashed database does; ``fail_reads`` makes
     ``read`` and ``load`` fail. ``create`` and ``fork`` are durable on return and consult
     no flush fault; they are not counted as flush calls.
     """
@@ -86,6 +87,17 @@ class MemoryStore:
         with self._lock:
             log = self._get(session_id)
             return tuple(log.events[log.durable :])
+
+    def lose_unflushed(self, session_id: str) -> tuple[Event, ...]:
+        """What a database that crashed does to the commits it had not yet written (the
+        PostgreSQL store's asynchronous appends): the appended events no flush confirmed
+        are gone, and the session reads as it did at its last confirmed flush. Returns
+        them."""
+        with self._lock:
+            log = self._get(session_id)
+            lost = tuple(log.events[log.durable :])
+            self._logs[session_id] = _Log(log.header, log.events[: log.durable])
+            return lost
 
     # -- the SessionStore contract --------------------------------------------------------
 

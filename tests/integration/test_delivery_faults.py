@@ -174,6 +174,50 @@ def test_a_failed_barrier_after_host_delivery_still_runs_the_turn(
     assert len(reminder_messages(system.store, session)) == 1
 
 
+@pytest.mark.parametrize("path", ["deliver_next", "deliver_many"])
+def test_a_delivery_a_crash_lost_after_its_barrier_failed_is_delivered_again(
+    system: EmbeddedSystem, store: MemoryStore, clock: FakeClock, settings: Settings,
+    path: str
+) -> None:
+    """A database that crashes between a delivery's append and its barrier flush loses
+    the message (an asynchronous commit not yet written), and the log moves on without
+    it: the followup must not have been acknowledged, so it is delivered again, once
+    (the gate of one agent, and the gate of a round of many)."""
+    # given a dispatched reminder whose delivery is appended but never confirmed durable
+    session = _open(system)
+    _create(system, session, prompt="x", after_seconds=2)
+    clock.advance(3)
+    _wake(system, session)
+    original = store.flush
+    calls = {"n": 0}
+
+    def after_preflight_fail(session_id: str) -> None:
+        calls["n"] += 1
+        if calls["n"] >= 2:  # the gate's preflight passes; every flush after it fails
+            store.fail_next_flush()
+        original(session_id)
+
+    store.flush = after_preflight_fail  # type: ignore[method-assign]
+    if path == "deliver_next":
+        delivered = system.host.pump(session)
+    else:
+        delivered = [d for _agent, d in system.host.serve()]
+    assert len(delivered) == 1  # the turn ran
+    store.flush = original  # type: ignore[method-assign]
+    # when the database crashed before writing it, and a tool call then appends to the log
+    lost = store.lose_unflushed(session)
+    assert [e.type for e in lost][:2] == ["turn/start", "user/message"], lost
+    assert reminder_messages(system.store, session) == []
+    _create(system, session, prompt="later", after_seconds=3600)
+    # then the followup, still unacknowledged, is delivered again, and only once
+    for _ in range(int(settings.followup_stale_s) + 2):
+        clock.advance(1)
+        system.step()
+    assert len(reminder_messages(system.store, session)) == 1
+    assert system.coordination.followups.waiting(session) == 0
+    assert len(dispatch_records(system.store, session)) == 1
+
+
 def test_a_forked_session_has_its_own_reminders_and_delivery(
     system: EmbeddedSystem, clock: FakeClock
 ) -> None:

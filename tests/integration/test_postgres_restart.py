@@ -1,5 +1,5 @@
 """Outages of a PostgreSQL server of the test's own (``tests/postgres_private.py``;
-docs/architecture.md#outages): restarted under real processes mid-burst (``dsh-schedule
+docs/architecture.md#outages): restarted or crashed under real processes mid-burst (``dsh-schedule
 host``, ``worker`` and ``scheduler`` keep running while it is down; every reminder due
 around it is delivered exactly once), and its disk full (a tmpfs of its own: the tool call answers
 ``persistence_uncertain`` and changes nothing, a due reminder waits, and once space
@@ -65,10 +65,10 @@ TIMINGS = {
 }
 
 
-def private_server(**options: int) -> PrivateServer:
+def private_server(small_disk_mb: int | None = None, **settings: str) -> PrivateServer:
     """A private server, or the test fails (CI) or is skipped with what is missing."""
     try:
-        return PrivateServer(**options)
+        return PrivateServer(small_disk_mb, **settings)
     except PostgresMissing as exc:
         if in_ci():
             pytest.fail(str(exc))
@@ -77,7 +77,9 @@ def private_server(**options: int) -> PrivateServer:
 
 @pytest.fixture
 def server() -> Iterator[PrivateServer]:
-    with private_server() as server:
+    # The server writes what asynchronous commits leave in its memory only every 10 s, so a
+    # crash loses every commit of the burst that no synchronous commit made durable after.
+    with private_server(wal_writer_delay="10s", wal_writer_flush_after="0") as server:
         yield server
 
 
@@ -112,12 +114,13 @@ def _counts(store: PostgresStore, created: dict[str, list[str]]
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["stop", "crash"])
 def test_a_postgres_restart_mid_burst_loses_nothing_and_duplicates_nothing(
-    tmp_path: Path, redis_server: RedisServer, server: PrivateServer
+    tmp_path: Path, redis_server: RedisServer, server: PrivateServer, how: str
 ) -> None:
-    """A crash (an immediate shutdown, losing commits not yet on the server's disk) is
-    covered by the store's own tests of lost commits (tests/adapters/test_postgres_store.py,
-    tests/integration/test_postgres_faults.py); here the server stops and starts again."""
+    """The server stops (a fast shutdown: every commit kept) or crashes (an immediate
+    shutdown: the asynchronous commits it had not written are lost, with ``wal_writer_delay``
+    long enough that the burst's are) and starts again."""
     # given: a host of every agent, a worker and a scheduler on the private server
     env = process_env(redis_server.url(), tmp_path / "unused", STORE=server.url,
                       PREFIX="pgr:", QUEUE="pgr", **TIMINGS)
@@ -143,7 +146,7 @@ def test_a_postgres_restart_mid_burst_loses_nothing_and_duplicates_nothing(
         # when: the server is restarted mid-burst (a fast shutdown: every connection cut,
         # every commit kept) and answers again after DOWN_S
         time.sleep((base_ms + CRASH_AT_MS - wall_clock_ms()) / 1000)
-        server.stop()
+        server.stop() if how == "stop" else server.crash()
         time.sleep(DOWN_S)
         server.start()
         # then every reminder is delivered, once
