@@ -12,7 +12,7 @@ from typing import Final
 
 from dsh_schedule.shared.core.events import Event, EventSequence, SessionHeader
 from dsh_schedule.shared.store.foldcache import LogDigest
-from dsh_schedule.shared.store.sessioncache import RECENT_BYTES, RECENT_EVENTS
+from dsh_schedule.shared.store.sessioncache import RECENT_BYTES, RECENT_EVENTS, evict_oldest
 
 # Events older than the window are fetched this many at a time.
 CHUNK_EVENTS: Final[int] = 256
@@ -66,7 +66,8 @@ class SessionEntry:
 
 class EntryCache:
     """The entries, least recently used first, within ``budget_bytes`` (the entry just
-    used is kept even when it alone is larger). Thread-safe."""
+    used is kept even when it alone is larger; a settle looks only at the entries it
+    drops). Thread-safe."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
@@ -102,11 +103,8 @@ class EntryCache:
                 return
             self._total += cost - entry.charged
             entry.charged = cost
-            for other in list(self._entries):
-                if self._total <= self.budget_bytes:
-                    break
-                if other != session_id:
-                    self._total -= self._entries.pop(other).charged
+            self._total = evict_oldest(self._entries, self._total, self.budget_bytes,
+                                       session_id)
 
     def total(self) -> tuple[int, int]:
         with self._lock:

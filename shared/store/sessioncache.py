@@ -21,7 +21,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 import msgspec
 
@@ -241,6 +241,32 @@ class CachedSession:
         )
 
 
+class Charged(Protocol):
+    """A cache entry that knows the bytes it is counted at."""
+
+    charged: int
+
+
+_Entry = TypeVar("_Entry", bound=Charged)
+
+
+def evict_oldest(entries: OrderedDict[str, _Entry], total: int, budget_bytes: int,
+                 keep: str) -> int:
+    """Drop ``entries`` (least recently used first) oldest first until
+    their ``total`` fits ``budget_bytes``, ``keep`` excepted; returns the new total. Each
+    step looks at the oldest entry only, so a settle costs O(entries it drops), not
+    O(entries cached)."""
+    while total > budget_bytes and len(entries) > 1:
+        oldest = next(iter(entries))
+        if oldest == keep:
+            # Just used (an entry looked at without moving it is not at the end): it is
+            # the newest.
+            entries.move_to_end(keep)
+            continue
+        total -= entries.pop(oldest).charged
+    return total
+
+
 class SessionCache:
     """One ``CachedSession`` per session, least recently used first, within a budget.
 
@@ -318,14 +344,4 @@ class SessionCache:
             )
 
     def _evict(self, keep: str) -> None:
-        """Drop entries oldest first until the budget holds, ``keep`` excepted: each step
-        looks at the oldest entry only, so a settle costs O(entries it drops), not
-        O(entries cached)."""
-        entries = self._entries
-        while self._total > self.budget_bytes and len(entries) > 1:
-            oldest = next(iter(entries))
-            if oldest == keep:
-                # Just used (a ``peek``ed entry is not moved to the end): it is the newest.
-                entries.move_to_end(keep)
-                continue
-            self._total -= entries.pop(oldest).charged
+        self._total = evict_oldest(self._entries, self._total, self.budget_bytes, keep)

@@ -36,6 +36,7 @@ from dsh_schedule.shared.store.jsonl import JsonlStore, read_session_file
 from dsh_schedule.shared.store.lazylog import MARK_EVERY
 from dsh_schedule.shared.store.memory import MemoryStore
 from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.store.postgres_cache import EntryCache, SessionEntry
 from dsh_schedule.shared.store.sessioncache import RECENT_EVENTS
 
 T0 = 1_764_579_600_000  # 2025-12-01T09:00:00.000Z
@@ -232,6 +233,47 @@ def test_a_settle_over_budget_looks_at_the_entries_it_drops_only() -> None:
     cache.budget_bytes = one
     cache.settle("s1000", peeked)
     assert list(cache._entries) == ["s1000"]
+
+
+class _CountingRows(OrderedDict[str, SessionEntry]):
+    """The PostgreSQL store's cached entries, counting what an iteration hands out."""
+
+    visited = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for session_id in super().__iter__():
+            self.visited += 1
+            yield session_id
+
+
+def test_the_postgres_store_cache_settles_looking_at_the_entries_it_drops_only() -> None:
+    """The same bound for the PostgreSQL store's entries (a settle that copied every key
+    made a burst over 10 000 sessions quadratic)."""
+    # given a cache holding 2 000 entries, at its budget
+    def entry(i: int) -> SessionEntry:
+        return SessionEntry(i, SessionHeader(id=f"s{i:05d}", createdAt=0))
+
+    one = entry(0).cost()
+    cache = EntryCache(budget_bytes=2_000 * one)
+    for i in range(2_000):
+        cache.put(f"s{i:05d}", made := entry(i))
+        cache.settle(f"s{i:05d}", made)
+    counting = _CountingRows(cache._entries)
+    cache._entries = counting
+    # when 1 000 more sessions are used, each pushing the oldest out
+    for i in range(2_000, 3_000):
+        cache.put(f"s{i:05d}", made := entry(i))
+        cache.settle(f"s{i:05d}", made)
+    # then each settle looked at the one entry it dropped
+    assert cache.total()[0] == 2_000
+    assert next(iter(counting)) == "s01000"
+    assert counting.visited <= 1_000 + 1
+    # and the entry just used is kept, even alone over the budget
+    kept = cache.get("s01000")
+    assert kept is not None
+    cache.budget_bytes = one // 2
+    cache.settle("s01000", kept)
+    assert list(cache._entries) == ["s01000"]
 
 
 def test_a_negative_budget_is_refused(tmp_path: Path) -> None:
