@@ -12,6 +12,10 @@ whole call, of the store's ``flush``, ``load`` and append (with its barrier) and
 re-arm, the call's CPU, and, for PostgreSQL, the round trips of a first and of a second
 create on a session (libpq's trace: one per ``Sync`` or simple ``Query`` message, the
 client waiting for the server's answer to each).
+
+``--appends N`` instead times the PostgreSQL store's write alone, N times each way,
+alternated in one process: ``append_durably`` (one synchronously committed statement)
+against ``append`` then ``flush`` (an asynchronous commit, then the barrier's transaction).
 """
 
 from __future__ import annotations
@@ -145,13 +149,52 @@ def measure(kind: str, creates: int, *, trace: bool) -> dict[str, Any]:
     return out
 
 
+def appends(count: int) -> dict[str, Any]:
+    from dsh_schedule.shared.core.events import NewEvent
+    from dsh_schedule.shared.store.postgres import PostgresStore
+    from tests.postgres_server import empty_database, test_database_url
+
+    url = test_database_url()
+    if url is None:
+        raise SystemExit("no PostgreSQL to measure on (tests/postgres_server.py)")
+    empty_database(url)
+    event = NewEvent(type="message", time=1, data={
+        "role": "user", "content": [{"type": "text", "text": "x" * 300}]})
+    found: dict[str, list[float]] = {"append_durably": [], "append_then_flush": []}
+    with PostgresStore(url) as store:
+        for session in found:
+            store.create(SessionHeader(id=session, createdAt=1))
+        for n in range(count):
+            order = list(found) if n % 2 else list(reversed(found))
+            for session in order:
+                started = time.perf_counter()
+                if session == "append_durably":
+                    failure = store.append_durably(session, [event], n)[1]
+                    if failure is not None:
+                        raise failure
+                else:
+                    store.append(session, [event], n)
+                    store.flush(session)
+                found[session].append((time.perf_counter() - started) * 1000)
+    out: dict[str, Any] = {"appends": count}
+    for label, values in found.items():
+        values.sort()
+        out[f"{label}_p50_p99_p999_ms"] = [
+            round(values[len(values) * q // 1000], 2) for q in (500, 990, 999)]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", choices=("jsonl", "postgres"), default="postgres")
     parser.add_argument("--creates", type=int, default=1000)
     parser.add_argument("--no-trace", action="store_true",
                         help="time only (the trace costs a little CPU)")
+    parser.add_argument("--appends", type=int, help="time the PostgreSQL write alone")
     args = parser.parse_args()
+    if args.appends:
+        print(json.dumps(appends(args.appends)), flush=True)
+        return
     print(json.dumps(measure(args.store, args.creates, trace=not args.no_trace)), flush=True)
 
 
