@@ -37,7 +37,7 @@ from dsh_schedule.shared.core.errors import (
 from dsh_schedule.shared.core.events import Event, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
 from dsh_schedule.shared.logging_setup import add_log_context, log_context
-from dsh_schedule.shared.store.flushing import flush_each
+from dsh_schedule.shared.store.flushing import append_durably, flush_each
 from dsh_schedule.shared.store.port import SessionStore
 
 log = logging.getLogger(__name__)
@@ -249,6 +249,14 @@ class LogTransactions:
         another writer came between)."""
         return self._store.append(agent, list(events), expected_seq=read.length)
 
+    def append_durably(
+        self, agent: str, read: Read, events: Sequence[NewEvent]
+    ) -> tuple[tuple[Event, ...], PersistenceError | None]:
+        """``append`` and then the barrier of that agent alone, in one write where the store
+        can (``flushing.append_durably``): the events appended, and the barrier's failure
+        (None: durable)."""
+        return append_durably(self._store, agent, list(events), read.length)
+
     def barrier(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
         """The barrier flushes, together; the failures, by agent."""
         return flush_each(self._store, agents)
@@ -316,15 +324,13 @@ class LogTransactions:
             return decision.then(read.state)
         if decision.subject is not None:
             add_log_context(schedule_id=decision.subject)
-        try:
-            appended = self.append(agent, read, decision.events)
+        try:  # the append and the barrier, one write where the store can
+            appended, unconfirmed = self.append_durably(agent, read, decision.events)
         except PersistenceError as exc:
             log.warning("append failed for %s: %s", agent, exc.reason)
             raise PersistenceUncertain() from None
-        try:
-            self._store.flush(agent)
-        except PersistenceError as exc:
-            log.warning("barrier failed for %s: %s", agent, exc.reason)
+        if unconfirmed is not None:
+            log.warning("barrier failed for %s: %s", agent, unconfirmed.reason)
             raise PersistenceUncertain(decision.subject) from None
         after = fold_events(read.state, appended)
         latest.append(after)

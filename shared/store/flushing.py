@@ -6,6 +6,10 @@ does so. Otherwise each session is flushed on its own: ``fsync`` waits on the di
 without holding the interpreter, so the flushes of a batch run on a small pool of
 threads, their waits overlap, and the file system can commit them together. Either way
 each session gets its own answer.
+
+One session appended to and flushed right after (a tool's transaction) is one write where
+the store can make the append itself durable (``AppendsDurably``: the PostgreSQL store,
+one synchronously committed statement instead of an append and a barrier transaction).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final, Protocol, runtime_checkable
 
 from dsh_schedule.shared.core.errors import PersistenceError
+from dsh_schedule.shared.core.events import Event, NewEvent
 from dsh_schedule.shared.store.port import SessionStore
 
 # Flushes in flight at once; a batch of one is flushed in the caller's thread.
@@ -40,6 +45,35 @@ class FlushesMany(Protocol):
     def flush_many(self, session_ids: Sequence[str]) -> dict[str, PersistenceError]:
         """``flush`` for every session (distinct ids); the failures, by session."""
         ...
+
+
+@runtime_checkable
+class AppendsDurably(Protocol):
+    """A store that appends to a session and makes the append durable in one write."""
+
+    def append_durably(
+        self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+    ) -> tuple[tuple[Event, ...], PersistenceError | None]:
+        """``append`` then ``flush`` of that session: the events appended (raising as
+        ``append`` does), and the flush's failure (None: everything appended to the
+        session so far is durable)."""
+        ...
+
+
+def append_durably(
+    store: SessionStore, session_id: str, events: Sequence[NewEvent], expected_seq: int
+) -> tuple[tuple[Event, ...], PersistenceError | None]:
+    """``store.append`` then ``store.flush`` of the session, in one write when the store
+    can (``AppendsDurably``): the events appended (the append's failures raised), and the
+    flush's ``PersistenceError`` (None: durable)."""
+    if isinstance(store, AppendsDurably):
+        return store.append_durably(session_id, events, expected_seq)
+    appended = store.append(session_id, events, expected_seq=expected_seq)
+    try:
+        store.flush(session_id)
+    except PersistenceError as exc:
+        return appended, exc
+    return appended, None
 
 
 def flush_each(store: SessionStore, session_ids: Iterable[str]) -> dict[str, PersistenceError]:

@@ -51,7 +51,7 @@ from dsh_schedule.shared.store.foldcache import LogDigest
 from dsh_schedule.shared.store.ids import unescape_session_id
 from dsh_schedule.shared.store.port import DUE_PAGE, DueEntry, SessionExists, missing_session
 from dsh_schedule.shared.store.postgres_appending import PostgresAppending
-from dsh_schedule.shared.store.postgres_cache import CHUNK_EVENTS, TableEvents
+from dsh_schedule.shared.store.postgres_cache import CHUNK_EVENTS, SessionEntry, TableEvents
 from dsh_schedule.shared.store.postgres_outage import outage_errno
 from dsh_schedule.shared.store.postgres_reading import (
     DEFAULT_CACHE_MB,
@@ -107,15 +107,20 @@ class PostgresStore(PostgresAppending):
     def create(self, header: SessionHeader) -> None:
         key = row_key(header.id)
         line = encode_header(header)[:-1]
+        token = new_token()
         with self._connection(f"create session {header.id!r}", create=header.id,
                               writes=True) as conn:
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit = on")  # durable on return
                 cur = conn.execute(
                     f"INSERT INTO {SESSIONS} (id, token, header) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (id) DO NOTHING", (key, new_token(), line))
+                    "ON CONFLICT (id) DO NOTHING", (key, token, line))
                 if cur.rowcount != 1:
                     raise SessionExists(header.id)
+        # Kept as a read of the row would keep it: its first flush needs no query.
+        entry = SessionEntry(token, decode_header_line(line, header.id))
+        self._cache.put(header.id, entry)
+        self._cache.settle(header.id, entry)
 
     def fork(self, parent_id: str, child_id: str, *, created_at_ms: int) -> SessionHeader:
         parent_key, child_key = row_key(parent_id), row_key(child_id)

@@ -47,8 +47,21 @@ class PostgresAppending(PostgresReading):
             if failure is not None:
                 raise failure
 
-    def _append(
+    def append_durably(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+    ) -> tuple[tuple[Event, ...], PersistenceError | None]:
+        """``append`` then ``flush`` of the session (``flushing.AppendsDurably``): the
+        append's statement commits synchronously, so the flush after it has nothing left
+        to make durable and sends nothing, unless an earlier append of this store to the
+        session awaits its flush (then it is checked as ``flush`` checks it). The events
+        appended (raising as ``append``), and the flush's failure (None: durable)."""
+        self._settle(session_id)
+        appended = self._append(session_id, events, expected_seq, durable=True)
+        return appended, self.flush_many([session_id]).get(session_id)
+
+    def _append(
+        self, session_id: str, events: Sequence[NewEvent], expected_seq: int, *,
+        durable: bool = False,
     ) -> tuple[Event, ...]:
         candidates = number_events(events, expected_seq)
         lines = [encode_event(e)[:-1] for e in candidates]
@@ -67,14 +80,18 @@ class PostgresAppending(PostgresReading):
                 params = {
                     "id": key, "token": entry.token, "expected": expected_seq,
                     "length": expected_seq + len(candidates), "schedule": schedule, "due": due,
-                    "seqs": [e.seq for e in candidates], "lines": lines,
+                    "seqs": [e.seq for e in candidates], "lines": lines, "durable": durable,
                 }
                 written = self._write_append(session_id, params, entry.token, candidates, lines)
                 if written == len(candidates):
                     with self._unconfirmed_lock:
-                        self._unflushed[session_id] = Unflushed.after(
-                            self._unflushed.get(session_id), entry.token, candidates, lines,
-                            self._reach.epoch)
+                        kept = self._unflushed.get(session_id)
+                        # Committed synchronously: durable, and so is every commit before
+                        # it (the server's log is one sequence); earlier appends of this
+                        # store to the session are still checked by the flush.
+                        if not durable or kept is not None:
+                            self._unflushed[session_id] = Unflushed.after(
+                                kept, entry.token, candidates, lines, self._reach.epoch)
                     entry.feed(candidates, [len(line) + 1 for line in lines], lines[-1])
                     self._cache.settle(session_id, entry)
                     return candidates
@@ -176,15 +193,17 @@ class PostgresAppending(PostgresReading):
         keys = {row_key(sid): sid for sid in unknown}
         wanted = {row_key(sid): (sid, record.first + len(record.events) - 1)
                   for sid, record in appended.items()}
-        with self._connection("confirm sessions durable", writes=bool(wanted)) as conn, \
-                conn.transaction():
-            if wanted:  # else nothing to make durable: existence alone
-                conn.execute("SET LOCAL synchronous_commit = on")
-                conn.execute("SELECT txid_current()")  # a commit record, flushed at commit
-            found = {keys[row[0]] for row in conn.execute(
-                f"SELECT id FROM {SESSIONS} WHERE id = ANY(%s)", (list(keys),))} if keys else set()
-            lines: dict[str, tuple[int, bytes | None, int]] = {}
-            if wanted:
+        exists = f"SELECT id FROM {SESSIONS} WHERE id = ANY(%s)"
+        lines: dict[str, tuple[int, bytes | None, int]] = {}
+        with self._connection("confirm sessions durable", writes=bool(wanted)) as conn:
+            if not wanted:  # nothing to make durable: existence alone, one statement
+                return {keys[row[0]] for row in conn.execute(exists, (list(keys),))}, lines
+            with conn.transaction():
+                # Synchronously committed, with a commit record (an xid) to flush.
+                conn.execute(
+                    "SELECT set_config('synchronous_commit', 'on', true), txid_current()")
+                found = {keys[row[0]] for row in conn.execute(exists, (list(keys),))} \
+                    if keys else set()
                 rows = conn.execute(
                     f"SELECT w.id, s.token, e.line, s.length "
                     f"FROM unnest(%s::text[], %s::bigint[]) "

@@ -45,7 +45,9 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
 )
 SCHEMA_VERSION: Final[int] = len(MIGRATIONS)
 
-# The append: the fence and the lines in one statement, one transaction.
+# The append: the fence and the lines in one statement, one transaction. ``durable``: the
+# transaction commits synchronously (``set_config`` local to it, called before a line is
+# inserted; nothing inserted, nothing to commit), else as the connection says (off).
 APPEND: Final = f"""
 WITH fenced AS (
     UPDATE {SESSIONS} SET length = %(length)s,
@@ -57,6 +59,8 @@ WITH fenced AS (
 INSERT INTO {EVENTS} (session_id, seq, line)
 SELECT fenced.id, t.seq, t.line
 FROM fenced, unnest(%(seqs)s::bigint[], %(lines)s::bytea[]) AS t (seq, line)
+WHERE CASE WHEN %(durable)s THEN set_config('synchronous_commit', 'on', true) = 'on'
+    ELSE true END
 """
 # The session row and the rows from ``from`` on, in one statement (one snapshot).
 TAIL: Final = f"""

@@ -278,6 +278,32 @@ def test_one_flush_confirms_a_batch_and_names_a_missing_session(
     assert store.flush_many([f"s{n}" for n in range(5)]) == {}  # nothing left: no query
 
 
+def test_an_append_made_durable_with_it_commits_synchronously(schema_url: str) -> None:
+    # given: a trigger noting, for each line the append inserts, how its transaction commits
+    with PostgresStore(schema_url) as store:
+        store.create(header())
+        with psycopg.connect(schema_url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE seen (seq bigint, sync text)")
+            conn.execute("CREATE FUNCTION note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                         "INSERT INTO seen VALUES (NEW.seq, current_setting('synchronous_commit'));"
+                         " RETURN NEW; END $$")
+            conn.execute(f"CREATE TRIGGER note AFTER INSERT ON {EVENTS} "  # type: ignore[arg-type]
+                         "FOR EACH ROW EXECUTE FUNCTION note()")
+        # when: an append the flush confirms later, then appends made durable with it
+        store.append("s1", [message("a")], 0)
+        appended, unconfirmed = store.append_durably("s1", [message("b"), message("c")], 1)
+        assert ([e.seq for e in appended], unconfirmed) == ([1, 2], None)
+        assert store.append_durably("s1", [message("d")], 3)[1] is None
+        with pytest.raises(FenceConflict):
+            store.append_durably("s1", [message("stale")], 3)
+    # then those commit synchronously, the others as the connection says, and a stale
+    # fence wrote nothing
+    assert rows(schema_url, "SELECT seq, sync FROM seen ORDER BY seq") == [
+        (0, "off"), (1, "on"), (2, "on"), (3, "on")]
+    with PostgresStore(schema_url) as fresh:
+        assert len(fresh.read("s1").events) == 4
+
+
 @pytest.mark.parametrize("query", ["TAIL", "RANGE"])
 def test_reads_find_a_sessions_rows_by_index(
     store: PostgresStore, postgres_url: str, query: str

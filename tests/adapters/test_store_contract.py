@@ -18,6 +18,7 @@ import pytest
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.store.flushing import append_durably
 from dsh_schedule.shared.store.ids import escape_session_id
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -482,6 +483,29 @@ def test_a_failed_flush_is_reported_and_keeps_the_events(harness: Harness) -> No
     assert store.read("s1").events == appended
     store.flush("s1")
     assert store.read("s1").events == appended
+
+
+def test_an_append_made_durable_with_it_answers_its_flush(harness: Harness) -> None:
+    # given (a store that cannot make the append itself durable appends, then flushes)
+    store = harness.store
+    store.create(header())
+    # when the write fails, then it is raised and nothing of it remains
+    harness.break_next_write()
+    with pytest.raises(PersistenceError):
+        append_durably(store, "s1", [message("lost")], 0)
+    assert store.read("s1").events == ()
+    # when the flush fails, then it is answered, the events stay and a later flush confirms
+    harness.break_next_flush()
+    appended, unconfirmed = append_durably(store, "s1", [message("a")], 0)
+    assert isinstance(unconfirmed, PersistenceError)
+    assert store.read("s1").events == appended
+    store.flush("s1")
+    # when both succeed, then the events are appended and durable
+    appended, unconfirmed = append_durably(store, "s1", [message("b")], 1)
+    assert ([e.seq for e in appended], unconfirmed) == ([1], None)
+    with pytest.raises(FenceConflict):
+        append_durably(store, "s1", [message("stale")], 1)
+    assert len(store.read("s1").events) == 2
 
 
 # -- the fake's own fault switches --------------------------------------------------------

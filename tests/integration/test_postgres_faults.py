@@ -17,6 +17,7 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.flushing import append_durably
 from dsh_schedule.shared.store.postgres import EVENTS, SESSIONS, PostgresStore
 from tests.adapters.test_store_contract import message
 from tests.pg_proxy import PgProxy
@@ -178,3 +179,21 @@ def test_appends_a_crashed_server_lost_are_appended_again_when_it_is_back(
     # though the process that made it never flushes that session again
     with PostgresStore(postgres_url) as fresh:
         assert [e.data["content"][0]["text"] for e in fresh.read("s1").events] == ["a", "b"]
+
+
+def test_a_flush_after_a_create_or_an_append_made_durable_needs_no_query(
+    store: PostgresStore, proxy: PgProxy
+) -> None:
+    # given: sessions this store created, one appended to durably, one not, one left
+    new_session(store, "s1")
+    new_session(store, "s2")
+    new_session(store, "s3")
+    assert append_durably(store, "s1", [message("a")], 0)[1] is None
+    store.append("s2", [message("b")], 0)
+    # when the server is out of reach
+    proxy.down()
+    # then the flushes with nothing to ask it succeed; the one with an append cannot
+    store.flush("s1")
+    store.flush("s3")
+    with pytest.raises(PersistenceError):
+        store.flush("s2")
