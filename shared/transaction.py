@@ -37,6 +37,7 @@ from dsh_schedule.shared.core.errors import (
 from dsh_schedule.shared.core.events import Event, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
 from dsh_schedule.shared.logging_setup import add_log_context, log_context
+from dsh_schedule.shared.store import flushing
 from dsh_schedule.shared.store.flushing import append_durably, flush_each
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -225,19 +226,15 @@ class LogTransactions:
         (the flush's or the load's ``PersistenceError``, a ``ScheduleLogError``, any
         other error of that agent alone). ``redis.RedisError`` is raised."""
         unflushed = self.preflight_flush(agents)
-        reads: dict[str, Read | Exception] = {}
-        for agent in agents:
-            failure = unflushed.get(agent)
-            if failure is not None:
-                reads[agent] = failure
-                continue
-            try:
-                reads[agent] = self.load(agent)
-            except redis.RedisError:
-                raise
-            except Exception as exc:
-                reads[agent] = exc
-        return reads
+        reads: dict[str, Read | Exception] = dict(unflushed)
+        reads.update(self.load_each([agent for agent in agents if agent not in unflushed]))
+        return {agent: reads[agent] for agent in agents}
+
+    def load_each(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
+        """``load`` for each agent, in one round trip where the store can
+        (``flushing.load_each``): its ``Read``, or what its load raised."""
+        return {agent: Read(*loaded) if isinstance(loaded, tuple) else loaded
+                for agent, loaded in flushing.load_each(self._store, agents).items()}
 
     def load(self, agent: str) -> Read:
         """The agent's log as this process sees it, unflushed."""
@@ -263,17 +260,18 @@ class LogTransactions:
 
     def fenced(
         self, agent: str, decide: Callable[[Read], Sequence[NewEvent] | None], *,
-        what: str, flush: Callable[[int], bool],
+        what: str, flush: Callable[[int], bool], first: Read | None = None,
     ) -> tuple[Read, tuple[Event, ...]] | None:
         """Read, decide, append fenced, with the retry: the read the append was fenced at
         and the events appended; None when the decision writes nothing. ``flush(n)``:
         whether attempt ``n`` flushes before it reads (a retry does, to confirm the
-        conflicting writer's suffix)."""
+        conflicting writer's suffix). ``first``: the first attempt's read, when the
+        caller has one (read with others under their locks: the fence checks it)."""
 
         def attempt(n: int) -> tuple[Read, tuple[Event, ...]] | None:
             if flush(n):
                 self._store.flush(agent)
-            read = self.load(agent)
+            read = first if n == 0 and first is not None else self.load(agent)
             events = decide(read)
             if events is None:
                 return None

@@ -123,11 +123,13 @@ class DueCheck:
         ``schedule/change`` records, appended under the lock this worker holds, change
         the decision. An agent whose log cannot be read now gets the full check."""
         reads: dict[str, Read] = {}
-        for agent in batch.at(Stage.RECHECK):
-            try:
-                reads[agent] = self._tx.load(agent)
-            except (PersistenceError, ScheduleLogError):
+        for agent, read in self._tx.load_each(batch.at(Stage.RECHECK)).items():
+            if isinstance(read, Read):
+                reads[agent] = read
+            elif isinstance(read, (PersistenceError, ScheduleLogError)):
                 batch.going[agent] = Stage.CHECK
+            else:
+                raise read
         return reads
 
     def _preflight(self, batch: WakeBatch) -> dict[str, tuple[Read, LedgerView]]:

@@ -264,6 +264,9 @@ class DeliveryGate:
         bytes durable."""
         decided.looked.extend(agents)
         unflushed = self._tx.preflight_flush(agents)
+        # The logs read together, each its gate's first read (its fence checks it); one
+        # that could not be read is read again by its gate.
+        logs = self._tx.load_each([agent for agent in agents if agent not in unflushed])
         for agent in agents:
             if agent in unflushed and disk_outage_errno(unflushed[agent]):
                 decided.unwritable[agent] = unflushed[agent]
@@ -272,7 +275,9 @@ class DeliveryGate:
                             unflushed[agent].reason)
                 decided.failed.append(agent)
             else:
-                self._decide(agent, reads[agent], decided)
+                first = logs.get(agent)
+                self._decide(agent, reads[agent], decided,
+                             first if isinstance(first, Read) else None)
         delivered = [agent for agent in agents if agent in decided.delivered]
         for agent, exc in self._tx.barrier(delivered).items():
             _unconfirmed(agent, exc)
@@ -284,13 +289,16 @@ class DeliveryGate:
             self._failures.failed(agent)
             decided.failed.append(agent)
 
-    def _decide(self, agent: str, read: StreamRead, decided: _Decided) -> None:
+    def _decide(self, agent: str, read: StreamRead, decided: _Decided,
+                first: Read | None) -> None:
         """Gate ``entries`` in order until one is delivered, noting what was decided; the
-        caller holds the agent's lock and flushes before and after."""
+        caller holds the agent's lock and flushes before and after. ``first``: the log
+        as the caller read it (None: read it here)."""
         left = len(read.entries)
         try:
             for entry in read.entries:
-                delivery = self._gate_held(agent, entry, own_flushes=False)
+                delivery = self._gate_held(agent, entry, own_flushes=False, first=first)
+                first = None  # the next entry's gate reads the log itself
                 self._failures.ended(agent)
                 decided.entries.append((agent, entry.entry_id))
                 left -= 1
@@ -326,14 +334,15 @@ class DeliveryGate:
             return delivery, True
 
     def _gate_held(
-        self, agent: str, entry: FollowupEntry, *, own_flushes: bool
+        self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
+        first: Read | None = None,
     ) -> Delivery | None:
         """The gate for one entry, the agent's lock held. ``own_flushes``: flush before
         deciding; without it the caller does, for many agents at once. The caller runs
         the barrier flush after a delivery."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
-            delivery = self._deliver(agent, entry, own_flushes=own_flushes)
+            delivery = self._deliver(agent, entry, own_flushes=own_flushes, first=first)
         recorder = metrics.get()
         if recorder.enabled:
             if delivery is None:
@@ -345,8 +354,8 @@ class DeliveryGate:
                 recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
         return delivery
 
-    def _deliver(self, agent: str, entry: FollowupEntry, *, own_flushes: bool
-                 ) -> Delivery | None:
+    def _deliver(self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
+                 first: Read | None = None) -> Delivery | None:
         """Append the entry as the user/message of a new turn if the log says it is due
         for delivery; None when it is to be dropped. A fence conflict re-decides."""
 
@@ -359,7 +368,7 @@ class DeliveryGate:
         # A caller that flushes has flushed already; a retry flushes anew, to confirm the
         # conflicting writer's suffix.
         written = self._tx.fenced(agent, decide, what=f"delivery for {agent}",
-                                  flush=lambda n: own_flushes or n > 0)
+                                  flush=lambda n: own_flushes or n > 0, first=first)
         if written is None:
             return None
         read, appended = written

@@ -7,6 +7,9 @@ without holding the interpreter, so the flushes of a batch run on a small pool o
 threads, their waits overlap, and the file system can commit them together. Either way
 each session gets its own answer.
 
+A batch reads its sessions in one round trip where the store can (``LoadsMany``: the
+PostgreSQL store, one query for every session's new rows).
+
 One session appended to and flushed right after (a tool's transaction) is one write where
 the store can make the append itself durable (``AppendsDurably``: the PostgreSQL store,
 one synchronously committed statement instead of an append and a barrier transaction).
@@ -20,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final, Protocol, runtime_checkable
 
 from dsh_schedule.shared.core.errors import PersistenceError
-from dsh_schedule.shared.core.events import Event, NewEvent
+from dsh_schedule.shared.core.events import Event, NewEvent, Session
+from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.store.port import SessionStore
 
 # Flushes in flight at once; a batch of one is flushed in the caller's thread.
@@ -58,6 +62,32 @@ class AppendsDurably(Protocol):
         ``append`` does), and the flush's failure (None: everything appended to the
         session so far is durable)."""
         ...
+
+
+@runtime_checkable
+class LoadsMany(Protocol):
+    """A store that reads many sessions in one round trip."""
+
+    def load_many(self, session_ids: Sequence[str]
+                  ) -> dict[str, tuple[Session, FoldState] | Exception]:
+        """``load`` for every session; each one's log and fold, or what failed for it."""
+        ...
+
+
+def load_each(store: SessionStore, session_ids: Sequence[str]
+              ) -> dict[str, tuple[Session, FoldState] | Exception]:
+    """``store.load`` for every session, in one round trip when the store can
+    (``LoadsMany``): each one's log and fold, or the exception its load raised."""
+    ids = list(dict.fromkeys(session_ids))
+    if len(ids) > 1 and isinstance(store, LoadsMany):
+        return store.load_many(ids)
+    loaded: dict[str, tuple[Session, FoldState] | Exception] = {}
+    for session_id in ids:
+        try:
+            loaded[session_id] = store.load(session_id)
+        except Exception as exc:  # a store talks to no Redis: any failure is the load's
+            loaded[session_id] = exc
+    return loaded
 
 
 def append_durably(

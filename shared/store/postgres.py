@@ -193,6 +193,32 @@ class PostgresStore(PostgresAppending):
         return self._caught_up(
             session_id, lambda entry: (self._session(session_id, entry), entry.digest.fold()))
 
+    def load_many(self, session_ids: Sequence[str]
+                  ) -> dict[str, tuple[Session, FoldState] | Exception]:
+        """``load`` for many sessions, their rows read in one query (``LoadsMany``): each
+        one's log and fold, or what failed for it alone (``PersistenceError``, a
+        ``ScheduleLogError``)."""
+        loaded: dict[str, tuple[Session, FoldState] | Exception] = {}
+        ready = []
+        for session_id in dict.fromkeys(session_ids):
+            try:
+                self._settle(session_id)
+            except Exception as exc:
+                loaded[session_id] = exc
+            else:
+                ready.append(session_id)
+        for session_id, entry in self._caught_up_many(ready).items():
+            if isinstance(entry, Exception):
+                loaded[session_id] = entry
+                continue
+            try:
+                with entry.lock:
+                    loaded[session_id] = (self._session(session_id, entry),
+                                          entry.digest.fold())
+            except Exception as exc:
+                loaded[session_id] = exc
+        return loaded
+
     def append(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
     ) -> tuple[Event, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
@@ -32,12 +32,21 @@ from dsh_schedule.shared.store.postgres_schema import (
     RANGE,
     SCHEMA_VERSION,
     TAIL,
+    TAIL_MANY,
     database_version,
     migrate_database,
     row_key,
 )
 
 _T = TypeVar("_T")
+
+
+def _tail_from(entry: SessionEntry | None) -> tuple[int, bytes | None]:
+    """Where a catch-up from a cached entry reads: its length (0: none cached) and the
+    line of the last event fed to it (None: none), read again to check it."""
+    if entry is None:
+        return 0, None
+    return entry.length, entry.last_line
 
 DEFAULT_CACHE_MB: Final[int] = 256
 DEFAULT_POOL_SIZE: Final[int] = 8
@@ -153,14 +162,43 @@ class PostgresReading:
 
     def _catch_up(self, session_id: str) -> SessionEntry:
         """The session's entry, with every committed row fed to it (one query)."""
-        key = row_key(session_id)
         entry = self._cache.get(session_id)
-        start = entry.length if entry is not None else 0
-        last = entry.last_line if entry is not None else None
+        start, last = _tail_from(entry)
         with self._connection(f"read session {session_id!r}") as conn:
-            rows = conn.execute(TAIL, {"id": key,
+            rows = conn.execute(TAIL, {"id": row_key(session_id),
                                         "from": start - 1 if last is not None else start}
                                 ).fetchall()
+        return self._feed_tail(session_id, entry, start, last, rows)
+
+    def _caught_up_many(self, session_ids: Sequence[str]
+                        ) -> dict[str, SessionEntry | Exception]:
+        """``_catch_up`` for many sessions, their rows read in one query: each one's
+        entry, or what failed (the query's failure is every one's)."""
+        cached = {session_id: self._cache.get(session_id) for session_id in session_ids}
+        tails = {session_id: _tail_from(entry) for session_id, entry in cached.items()}
+        keys = [row_key(session_id) for session_id in cached]
+        froms = [start - 1 if last is not None else start for start, last in tails.values()]
+        found: dict[str, list[tuple[Any, ...]]] = {key: [] for key in keys}
+        try:
+            with self._connection(f"read {len(keys)} sessions") as conn:
+                for row in conn.execute(TAIL_MANY, {"ids": keys, "froms": froms}):
+                    found[row[0]].append(row[1:])
+        except PersistenceError as exc:
+            return dict.fromkeys(cached, exc)
+        entries: dict[str, SessionEntry | Exception] = {}
+        for session_id, entry in cached.items():
+            try:
+                entries[session_id] = self._feed_tail(
+                    session_id, entry, *tails[session_id], found[row_key(session_id)])
+            except Exception as exc:  # that session's alone (a missing or broken log)
+                entries[session_id] = exc
+        return entries
+
+    def _feed_tail(self, session_id: str, entry: SessionEntry | None, start: int,
+                   last: bytes | None, rows: Sequence[tuple[Any, ...]]) -> SessionEntry:
+        """Feed the rows a catch-up read (``TAIL``'s columns) from where ``entry``, the
+        cached entry it started from, stood before the query (``start``, ``last``:
+        ``_tail_from``) to the session's entry; that entry."""
         if not rows:
             raise missing_session(session_id)
         token, header_line, length = int(rows[0][0]), bytes(rows[0][1]), int(rows[0][2])

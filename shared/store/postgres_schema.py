@@ -70,6 +70,14 @@ LEFT JOIN {EVENTS} e ON e.session_id = s.id AND e.seq >= %(from)s AND e.seq < s.
 WHERE s.id = %(id)s
 ORDER BY e.seq
 """
+# ``TAIL`` for many sessions at once, each from its own seq, the session id first.
+TAIL_MANY: Final = f"""
+SELECT s.id, s.token, s.header, s.length, e.seq, e.line
+FROM unnest(%(ids)s::text[], %(froms)s::bigint[]) AS w (id, from_seq)
+JOIN {SESSIONS} s ON s.id = w.id
+LEFT JOIN {EVENTS} e ON e.session_id = s.id AND e.seq >= w.from_seq AND e.seq < s.length
+ORDER BY s.id, e.seq
+"""
 RANGE: Final = f"""
 SELECT e.seq, e.line FROM {EVENTS} e JOIN {SESSIONS} s ON s.id = e.session_id
 WHERE s.id = %(id)s AND s.token = %(token)s AND e.seq >= %(start)s AND e.seq < %(stop)s

@@ -268,6 +268,37 @@ def test_a_read_after_the_server_lost_an_append_and_took_another_reads_the_log_a
     store.flush("s1")  # nothing of this store's is unconfirmed any more
 
 
+def test_sessions_loaded_together_catch_up_with_other_writers_and_lost_commits(
+    store: PostgresStore, postgres_url: str
+) -> None:
+    # given: three sessions this store has cached; another store appends to one, and the
+    # server loses this store's last append to another, which a third writer replaced
+    for session_id in ("s1", "s2", "s3"):
+        store.create(header(session_id))
+        store.append(session_id, [message(f"{session_id} a")], 0)
+        store.load(session_id)
+    store.append("s2", [message("lost")], 1)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {EVENTS} WHERE session_id = 's2' AND seq = 1")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {SESSIONS} SET length = 1 WHERE id = 's2'")  # type: ignore[arg-type]
+    with PostgresStore(postgres_url) as other:
+        other.append("s1", [message("s1 b"), message("s1 c")], 1)
+        other.append("s2", [message("other")], 1)
+    # when this store loads them together (one query)
+    loaded = store.load_many(["s1", "s2", "s3"])
+    # then each reads as the server holds it
+    def texts(session_id: str) -> list[str]:
+        found = loaded[session_id]
+        assert isinstance(found, tuple), found
+        return [e.data["content"][0]["text"] for e in found[0].events]
+
+    assert texts("s1") == ["s1 a", "s1 b", "s1 c"]
+    assert texts("s2") == ["s2 a", "other"]
+    assert texts("s3") == ["s3 a"]
+    # and the next append fences at what it read
+    store.append("s1", [message("s1 d")], 3)
+
+
 def test_one_flush_confirms_a_batch_and_names_a_missing_session(
     store: PostgresStore,
 ) -> None:

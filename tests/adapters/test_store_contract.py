@@ -18,7 +18,7 @@ import pytest
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.shared.store.flushing import append_durably
+from dsh_schedule.shared.store.flushing import append_durably, load_each
 from dsh_schedule.shared.store.ids import escape_session_id
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -381,6 +381,30 @@ def test_load_folds_the_log_and_follows_its_growth(store: SessionStore) -> None:
     assert len(session.events) == 4
     assert [r.id for r in state.active] == ["schedule-2"]
     assert state.created == {"schedule-1", "schedule-2"}
+
+
+def test_loading_many_sessions_reads_each_as_its_own_load_does(store: SessionStore) -> None:
+    # given three sessions, one cached at a length it has grown past, and one missing
+    for session_id in ("s1", "s2", "s3"):
+        store.create(header(session_id))
+    store.append("s1", [at_create("schedule-1"), message("x")], 0)
+    store.append("s2", [message("y")], 0)
+    store.load("s1")
+    store.append("s1", [delete("schedule-1")], 2)
+    # when they are loaded together (a batch's reads: one round trip where the store can)
+    loaded = load_each(store, ["s1", "s2", "ghost", "s3", "s1"])
+    # then each reads as its own load, and the missing one fails alone
+    assert list(loaded) == ["s1", "s2", "ghost", "s3"]
+    assert isinstance(loaded["ghost"], PersistenceError)
+    for session_id in ("s1", "s2", "s3"):
+        found = loaded[session_id]
+        assert isinstance(found, tuple), found
+        session, state = store.load(session_id)
+        assert list(found[0].events) == list(session.events)
+        assert found[0].header == session.header
+        assert found[1] == state
+    s1 = loaded["s1"]
+    assert isinstance(s1, tuple) and s1[1].active == () and s1[1].created == {"schedule-1"}
 
 
 CORRUPTING_BATCHES: dict[str, list[NewEvent]] = {
