@@ -208,6 +208,15 @@ def test_end_conditions_on_create(settings: Settings) -> None:
     ]:
         assert tools.call("s1", "schedule_create", args).value["code"] == code, args
     assert len(datas(store)) == 1
+    # a count of 3.0 is the integer 3, as the seconds are; the record holds 3
+    whole = tools.call("s1", "schedule_create", {"prompt": "x", "every_seconds": 600.0,
+                                                 "count": 3.0})
+    assert not whole.is_error and whole.value["count"] == 3
+    assert datas(store)[-1]["schedule"]["count"] == 3
+    assert isinstance(datas(store)[-1]["schedule"]["count"], int)
+    edited = tools.call("s1", "schedule_update", {"id": "schedule-2", "count": 4.0})
+    assert not edited.is_error and datas(store)[-1] == {
+        "version": 2, "operation": "update", "id": "schedule-2", "count": 4}
 
 
 def test_the_cap_answers_limit_exceeded_and_appends_nothing(settings: Settings) -> None:
