@@ -33,8 +33,10 @@ from dsh_schedule.shared.core.events import (
 )
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from tests import switched
+from tests.integration.test_cli import cli_env
 from tests.integration.v1log import dispatch_due, write_v1_log
-from tests.support import T0, FakeClock
+from tests.support import T0, FakeClock, process_env
 
 DATA = Path(__file__).parent / "data"
 LIFECYCLE_KEYS = {"until", "count", "deliveredCount", "paused"}
@@ -288,3 +290,15 @@ def _codes(schema: Any) -> set[str]:
         for item in schema:
             found |= _codes(item)
     return found
+
+
+def test_a_run_with_the_switch_on_builds_every_settings_with_it(tmp_path: Path) -> None:
+    # The CI's second run (DSH_SCHEDULE_LIFECYCLE=on, .ci/run) is one with the lifecycle
+    # on: a Settings that does not name it has it, one that does keeps its own, and the
+    # processes and commands the tests start are told.
+    on = switched.lifecycle_suite()
+    assert Settings().lifecycle is on
+    assert Settings.from_env({}).lifecycle is on
+    assert Settings(lifecycle=False).lifecycle is False
+    assert (process_env("redis://127.0.0.1:1/0", tmp_path).get(switched.SWITCH) == "on") is on
+    assert (cli_env().get(switched.SWITCH) == "on") is on
