@@ -4,9 +4,9 @@ the switch off and on, answer byte for byte the same and write byte for byte the
 logs, for version-1 records and calendar rules in zones, through the tools and through
 ``dsh-schedule call``, and as the code before the lifecycle did (the digests in
 ``data/parity-before-lifecycle.json``); ``check``, ``fold`` and ``present`` print the
-same. Only the
-catalog differs, as the issue says: ``schedule_update`` fourth and ``limit_exceeded`` among
-the codes (and ``until`` and ``count`` on create, views that may show them).
+same. Only the catalog differs, as the issue says: ``schedule_update`` fourth and
+``limit_exceeded`` among the codes (and ``until`` and ``count`` on create, views that may
+show them).
 
 The whole suite runs with the switch on too: ``DSH_SCHEDULE_LIFECYCLE=on python3 dev.py
 test PATHS`` (tests/switched.py)."""
