@@ -200,7 +200,8 @@ def test_answers_and_logs_are_the_same_with_the_lifecycle_on(
 
 
 # The SHA-256 of the answers (one a line) and of each log that ``run_sessions`` gave on the
-# last commit before the lifecycle (493c9d7); regenerate only from that code.
+# last commit before the lifecycle (493c9d7), and of its catalog exports (as JSON);
+# regenerate only from that code.
 BEFORE: dict[str, dict[str, str]] = json.loads(
     (DATA / "parity-before-lifecycle.json").read_text())
 
@@ -294,6 +295,13 @@ def test_the_catalog_gains_only_what_the_issue_names() -> None:
             assert offered == {*V1_ERROR_CODES, "limit_exceeded"}, tool["name"]
         for tool in off:
             assert _codes(tool["outputSchema"]) == set(V1_ERROR_CODES)
+    # and off, every export is the one of the code before the lifecycle
+    for export in (catalog.catalog_json, catalog.openai_tools, catalog.anthropic_tools):
+        for calendar in (False, True):
+            name = f"{export.__name__} calendar={calendar}"
+            digest = hashlib.sha256(json.dumps(export(calendar, False), ensure_ascii=False)
+                                    .encode()).hexdigest()
+            assert digest == BEFORE["catalog"][name], name
 
 
 def _codes(schema: Any) -> set[str]:
