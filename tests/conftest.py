@@ -23,7 +23,7 @@ from redis.connection import Connection
 
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.settings import Settings
-from tests import children
+from tests import children, switched
 from tests.postgres_server import postgres_store, postgres_url  # noqa: F401 (fixtures)
 from tests.redis_server import TEST_REDIS_ENV, RedisServer, RedisServerMissing
 
@@ -105,6 +105,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # With DSH_SCHEDULE_LIFECYCLE=on the suite runs with the lifecycle on (tests/switched.py).
+    switched.install()
     # Every process a test starts ends with the run, however it is stopped.
     if not config.pluginmanager.has_plugin(children.__name__):
         config.pluginmanager.register(children, children.__name__)
@@ -118,7 +120,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _stop_suite_redis()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [_redis_header()]
+    if switched.lifecycle_suite():
+        lines.append("lifecycle: on for every Settings not naming it (tests/switched.py)")
+    return lines
+
+
+def _redis_header() -> str:
     if _SuiteRedis.server is not None:
         return f"real Redis: the suite's own redis-server at {_SuiteRedis.url}"
     if _SuiteRedis.unavailable is not None:

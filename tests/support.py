@@ -21,6 +21,7 @@ from dsh_schedule.shared.coordination.phase import AgentPhase
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.store.port import SessionStore
+from tests import switched
 from tests.redis_server import free_port
 
 T0 = parse_instant("2026-12-01T12:00:00.000Z")
@@ -104,9 +105,12 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0,
 
 def process_env(redis_url: str, sessions: Path, **settings: str) -> dict[str, str]:
     """The environment of ``dsh-schedule`` processes: this Redis and sessions directory,
-    then ``DSH_SCHEDULE_<NAME>`` for each keyword (``LEASE_TTL="6"`` and so on)."""
+    then ``DSH_SCHEDULE_<NAME>`` for each keyword (``LEASE_TTL="6"`` and so on). A run with
+    the lifecycle on (tests/switched.py) passes its switch on unless a keyword names it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
     env.update(DSH_SCHEDULE_REDIS_URL=redis_url, DSH_SCHEDULE_SESSIONS=str(sessions))
+    if switched.lifecycle_suite():
+        env[switched.SWITCH] = "on"
     env.update({f"DSH_SCHEDULE_{name.upper()}": value for name, value in settings.items()})
     return env
 

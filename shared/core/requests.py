@@ -255,10 +255,12 @@ def parse_create_args(
 
 
 def read_count(value: Any) -> int:
-    """An end condition's ``count``: a safe integer ≥ 1 (not a bool), else ``invalid_rule``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAFE_INTEGER:
+    """An end condition's ``count``: a safe integer ≥ 1, read as the seconds are (``3.0``
+    is 3, as the schema's ``integer`` allows; a bool is not), else ``invalid_rule``."""
+    count = _whole_number(value)
+    if count is None or not 1 <= count <= MAX_SAFE_INTEGER:
         raise ToolError("invalid_rule", MSG_COUNT)
-    return value
+    return count
 
 
 def parse_delete_args(args: Any) -> str:

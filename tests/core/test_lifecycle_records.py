@@ -230,6 +230,22 @@ def test_a_cron_resume_lands_on_the_rules_next_occurrence() -> None:
     assert resume_target_ms(record, ms(T) + 20 * MIN) == ms(T) + 30 * MIN
 
 
+def test_delivery_not_before_reads_updates() -> None:
+    # given a batch at T, a record retimed by an update to T + 1 min, and one paused
+    # while its target passed
+    events = log(every("schedule-1"), every("schedule-2", first=plus(T, 600)),
+                 dispatch("schedule-1", T),
+                 update("schedule-2", kind="every", everySeconds=300, scheduledAt=plus(T, 60)),
+                 every("schedule-3", first=plus(T, 30)), update("schedule-3", paused=True))
+    # when listed at T + 2 min
+    views = list_value(fold(events), ms(T) + 120_000)
+    # then the retimed record is overdue and held back until the gate opens; the paused one
+    # is not held back (it is not due at all)
+    assert [v["state"] for v in views] == ["scheduled", "overdue", "paused"]
+    assert views[1]["deliveryNotBefore"] == plus(T, 300)
+    assert "deliveryNotBefore" not in views[2]
+
+
 def test_a_receipt_shows_the_prompt_in_force_at_its_dispatch() -> None:
     events = log(every("schedule-1"), dispatch("schedule-1", T),
                  update("schedule-1", prompt="edited"), dispatch("schedule-1", plus(T, 300)))

@@ -4,10 +4,12 @@ accepted can be delivered (shared/core/batchbound.py)."""
 
 from __future__ import annotations
 
+import msgspec
+
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.batchbound import MAX_LINE_BYTES, worst_batch_line_bytes
-from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.settings import MAX_ACTIVE_CEILING, Settings
 from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import FakeClock, new_session, value
 
@@ -15,7 +17,9 @@ from tests.support import FakeClock, new_session, value
 def test_recurring_creates_stop_at_the_delivery_bound(
     coordination: Coordination, settings: Settings
 ) -> None:
-    # given a session, and prompts of 32 KiB of control characters
+    # given a session, and prompts of 32 KiB of control characters (with the lifecycle
+    # on, its cap per session set above the bound, so the bound is what stops the creates)
+    settings = msgspec.structs.replace(settings, max_active=MAX_ACTIVE_CEILING)
     store = MemoryStore()
     tools = ScheduleTools(store, coordination, settings, FakeClock())
     session = new_session(store)

@@ -17,6 +17,7 @@ import pytest
 import tests.conftest
 from dsh_schedule import cli as cli_module
 from dsh_schedule.shared.core import catalog
+from tests import switched
 
 EVENTS = [
     {"version": 1, "operation": "create", "schedule": {
@@ -40,7 +41,11 @@ def write_log(path: Path, datas: list[dict[str, object]], extra: dict[str, objec
 
 
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without its settings, then ``env``; a run with the
+    lifecycle on (tests/switched.py) keeps its switch unless ``env`` names it."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("DSH_SCHEDULE_")}
+    if switched.lifecycle_suite():
+        full[switched.SWITCH] = "on"
     full.update(env or {})
     return full
 
@@ -126,7 +131,8 @@ def test_catalog_exports_the_three_tools() -> None:
     ]:
         tools = json.loads(cli("catalog", "--format", fmt).stdout)
         assert [name_of(t) for t in tools] == [
-            "schedule_create", "schedule_list", "schedule_delete"]
+            "schedule_create", "schedule_list", "schedule_delete",
+            *(["schedule_update"] if switched.lifecycle_suite() else [])]
 
 
 def test_session_create_fork_and_call_without_redis(tmp_path: Path) -> None:
@@ -304,9 +310,10 @@ def test_call_takes_its_tool_names_from_the_catalog(
     monkeypatch.setattr(catalog, "tool_definitions",
                         lambda *a: [t for t in real(*a) if t.name != "schedule_delete"])
     assert cli_module.main(["call", "s", "schedule_delete", '{"id": "schedule-1"}']) == 2
+    named = ", ".join(["schedule_create", "schedule_list",
+                       *(["schedule_update"] if switched.lifecycle_suite() else [])])
     assert capsys.readouterr().err == (
-        "dsh-schedule: call: unknown tool 'schedule_delete' "
-        "(one of schedule_create, schedule_list)\n")
+        f"dsh-schedule: call: unknown tool 'schedule_delete' (one of {named})\n")
 
 
 # -- flags, --version -------------------------------------------------------------------

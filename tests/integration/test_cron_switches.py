@@ -25,6 +25,7 @@ from dsh_schedule.web import model
 from dsh_schedule.web.console import Console
 from tests.integration.test_cli import cli, write_log
 from tests.support import FakeClock
+from tests.switched import lifecycle_suite
 from tests.web.conftest import web_settings
 
 RULE = {"expression": "0 9 * * MON-FRI", "time_zone": "Europe/Berlin"}
@@ -66,7 +67,7 @@ def test_the_plugin_argument_overrides_the_setting(
     agent: AgentWithTools[Any] = AgentWithTools("s1")
     plugin._on_agent_created(agent)
     definition = agent.tools["schedule_create"][0]
-    assert definition == catalog.tool_definitions(on)[0]
+    assert definition == catalog.tool_definitions(on, switched.lifecycle)[0]
     assert ("cron" in definition.input_schema["properties"]) is on
     plugin.dispose()
 
@@ -107,9 +108,10 @@ def test_both_adapters_take_the_plugins_switch(settings: Settings, calendar: boo
     exported = [convert_to_openai_tool(t)["function"]
                 for t in langgraph.schedule_tools(plugin, "s1")]
     assert ("cron" in exported[0]["parameters"]["properties"]) is calendar
-    assert exported[0]["description"] == catalog.tool_definitions(calendar)[0].description
+    offered = catalog.tool_definitions(calendar, settings.lifecycle)
+    assert exported[0]["description"] == offered[0].description
     tools = pydantic_ai.schedule_tools(plugin)
-    assert tools[0].description == catalog.tool_definitions(calendar)[0].description
+    assert tools[0].description == offered[0].description
 
 
 def test_the_catalog_command_prints_the_variant_the_switch_names() -> None:
@@ -117,8 +119,9 @@ def test_the_catalog_command_prints_the_variant_the_switch_names() -> None:
                         ("anthropic", catalog.anthropic_tools)]:
         off = cli("catalog", "--format", fmt)
         on = cli("catalog", "--format", fmt, env={"DSH_SCHEDULE_CALENDAR": "on"})
-        assert json.loads(off.stdout) == export()
-        assert json.loads(on.stdout) == export(True)
+        lifecycle = lifecycle_suite()  # the lifecycle of this run (tests/switched.py)
+        assert json.loads(off.stdout) == export(False, lifecycle)
+        assert json.loads(on.stdout) == export(True, lifecycle)
     assert "calendar must be on or off" in cli(
         "catalog", env={"DSH_SCHEDULE_CALENDAR": "maybe"}).stderr
 

@@ -95,6 +95,41 @@ def test_an_edited_reminder_fires_once_at_its_new_time_never_at_its_old(
 @pytest.mark.redis
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_a_reminder_moved_later_sends_nothing_at_its_old_time_and_fires_once_at_its_new(
+    tmp_path: Path, redis_server: RedisServer,
+) -> None:
+    procs, env = _processes(tmp_path, redis_server, "lifelater")
+    store = JsonlStore(tmp_path / "sessions")
+    try:
+        # given a reminder 4 s away (its wake armed), moved to 10 s from the edit
+        made = call(env, "schedule_create", {"prompt": "old text", "after_seconds": 4})
+        old_target = parse_instant(made["scheduledAt"])
+        edited = call(env, "schedule_update",
+                      {"id": "schedule-1", "after_seconds": 10, "prompt": "new text"})
+        new_target = parse_instant(edited["scheduledAt"])
+        assert new_target > old_target + 3000
+        # when the old time passes: nothing is sent
+        while time.time() * 1000 < old_target + 2500:
+            time.sleep(0.2)
+        assert reminder_messages(store, "s1") == [] and dispatch_records(store, "s1") == []
+        # then the new time comes
+        assert wait_until(lambda: len(reminder_messages(store, "s1")) >= 1, timeout=60), (
+            procs.describe())
+        time.sleep(1.0)
+        assert not procs.dead(), procs.describe_dead()
+    finally:
+        procs.close()
+    # then exactly one message, at the new time, with the new prompt
+    (message,) = reminder_messages(store, "s1")
+    assert message["source"]["reminders"] == [
+        {"scheduleId": "schedule-1", "occurrenceAt": format_instant(new_target)}]
+    assert '"new text"' in message["content"][0]["text"]
+    assert dispatch_counts(store, "s1") == {"schedule-1": 1}
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_a_paused_record_sends_nothing_and_resumes_on_an_aligned_target(
     tmp_path: Path, redis_server: RedisServer,
 ) -> None:

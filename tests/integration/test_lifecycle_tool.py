@@ -23,6 +23,7 @@ from dsh_schedule.shared.settings import Settings, SettingsError, lifecycle_from
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.integration.test_cli import cli
 from tests.support import FakeClock
+from tests.switched import lifecycle_suite
 
 FAR = "2099-01-01T00:00:00Z"
 
@@ -31,7 +32,9 @@ FAR = "2099-01-01T00:00:00Z"
                                            ("no", False), ("", False)])
 def test_the_environment_switch(value: str, on: bool) -> None:
     env = {"DSH_SCHEDULE_LIFECYCLE": value}
-    assert Settings.from_env(env).lifecycle is on
+    # An empty switch leaves the default, which a run with the lifecycle on changed
+    # (tests/switched.py).
+    assert Settings.from_env(env).lifecycle is (on or (value == "" and lifecycle_suite()))
     assert lifecycle_from_env(env) is on
 
 
@@ -91,6 +94,7 @@ def test_the_async_plugin_takes_the_switch(settings: Settings, lifecycle: bool) 
 
 
 def test_disabled_the_answers_and_the_log_are_todays(settings: Settings) -> None:
+    settings = msgspec_replace(settings, lifecycle=False)
     tools, store = tools_of(settings, lifecycle=None)
     made = tools.call("s1", "schedule_create", {"prompt": "x", "every_seconds": 600})
     assert not made.is_error
@@ -204,6 +208,15 @@ def test_end_conditions_on_create(settings: Settings) -> None:
     ]:
         assert tools.call("s1", "schedule_create", args).value["code"] == code, args
     assert len(datas(store)) == 1
+    # a count of 3.0 is the integer 3, as the seconds are; the record holds 3
+    whole = tools.call("s1", "schedule_create", {"prompt": "x", "every_seconds": 600.0,
+                                                 "count": 3.0})
+    assert not whole.is_error and whole.value["count"] == 3
+    assert datas(store)[-1]["schedule"]["count"] == 3
+    assert isinstance(datas(store)[-1]["schedule"]["count"], int)
+    edited = tools.call("s1", "schedule_update", {"id": "schedule-2", "count": 4.0})
+    assert not edited.is_error and datas(store)[-1] == {
+        "version": 2, "operation": "update", "id": "schedule-2", "count": 4}
 
 
 def test_the_cap_answers_limit_exceeded_and_appends_nothing(settings: Settings) -> None:
@@ -250,7 +263,7 @@ def test_call_with_the_switch_and_check_fold_present(tmp_path: Path) -> None:
                  json.dumps({"prompt": "x", "every_seconds": 600, "count": 3}), env=on_env)
     assert create.returncode == 0, create.stdout + create.stderr
     args = json.dumps({"id": "schedule-1", "paused": True})
-    off = cli("call", "s", "schedule_update", args, env=env)
+    off = cli("call", "s", "schedule_update", args, env={**env, "DSH_SCHEDULE_LIFECYCLE": "off"})
     assert off.returncode != 0 and "unknown tool" in off.stderr
     on = cli("call", "s", "schedule_update", args, env=on_env)
     assert on.returncode == 0, on.stdout + on.stderr

@@ -50,7 +50,8 @@ def test_only_root_agents_created_after_loading_receive_schedule(
         new_session(store, agent.agent_id)
         registry.publish(agent)
     assert early.tools == {} and child.tools == {}
-    assert sorted(root.tools) == ["schedule_create", "schedule_delete", "schedule_list"]
+    assert sorted(root.tools) == ["schedule_create", "schedule_delete", "schedule_list",
+                                  *(["schedule_update"] if settings.lifecycle else [])]
     assert plugin.installed == ["root"]
 
 

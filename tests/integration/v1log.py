@@ -15,16 +15,23 @@ from dsh_schedule.shared.core.dispatch import plan_dispatch
 from dsh_schedule.shared.core.due import Wait, due_decision
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.records import encode_change
+from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.port import SessionStore
 from tests.support import T0, FakeClock
 
 SESSION = "v1"
 
 
-def write_v1_log(sessions: Path) -> Path:
-    """Create, list, delete and dispatch every version-1 kind; the log file's path."""
-    settings = Settings.from_env({}, sessions=sessions, prefix="v1log:", queue="v1log")
+def write_v1_log(sessions: Path, *, lifecycle: bool | None = None,
+                 answers: list[str] | None = None) -> Path:
+    """Create, list, delete and dispatch every version-1 kind, with the lifecycle on or
+    off (None: the settings' default); the log file's path. ``answers`` receives each
+    tool call's rendered answer."""
+    settings = Settings.from_env({}, sessions=sessions, prefix="v1log:", queue="v1log",
+                                 lifecycle=lifecycle)
+    said = answers if answers is not None else []
     store = JsonlStore(sessions)
     store.create(SessionHeader(id=SESSION, createdAt=T0, timeZone="Europe/Berlin"))
     clock = FakeClock()
@@ -37,18 +44,29 @@ def write_v1_log(sessions: Path) -> Path:
         {"prompt": "water the plants", "every_seconds": 3600},
         {"prompt": "never mind", "at": "2026-12-02T09:00:00Z"},
     ):
-        assert not tools.call(SESSION, "schedule_create", args).is_error
-    assert not tools.call(SESSION, "schedule_delete", {"id": "schedule-5"}).is_error
+        said.append(_answered(tools.call(SESSION, "schedule_create", args)))
+    said.append(_answered(tools.call(SESSION, "schedule_delete", {"id": "schedule-5"})))
     for step_s in (600, 700, 20_000):
         clock.advance(step_s)
-        while True:
-            session, state = store.load(SESSION)
-            decision = due_decision(state, clock())
-            if isinstance(decision, Wait):
-                break
-            plan = plan_dispatch(decision)
-            events = [NewEvent(type=SCHEDULE_CHANGE, time=clock(), data=encode_change(c))
-                      for c in plan.changes]
-            store.append(SESSION, events, expected_seq=len(session.events))
-    assert not tools.call(SESSION, "schedule_list", {}).is_error
+        dispatch_due(store, SESSION, clock())
+    said.append(_answered(tools.call(SESSION, "schedule_list", {})))
     return sessions / f"{SESSION}.jsonl"
+
+
+def dispatch_due(store: SessionStore, session_id: str, now_ms: int) -> None:
+    """Append what the due path plans at ``now_ms``, one decision after another, until
+    nothing is due."""
+    while True:
+        session, state = store.load(session_id)
+        decision = due_decision(state, now_ms)
+        if isinstance(decision, Wait):
+            return
+        plan = plan_dispatch(decision)
+        events = [NewEvent(type=SCHEDULE_CHANGE, time=now_ms, data=encode_change(c))
+                  for c in plan.changes]
+        store.append(session_id, events, expected_seq=len(session.events))
+
+
+def _answered(result: ToolResult) -> str:
+    assert not result.is_error, result.content
+    return result.content

@@ -20,6 +20,16 @@ def plugin(settings: Settings) -> AsyncSchedulePlugin:
 
 
 @pytest.fixture
+def plugin_off(settings: Settings) -> AsyncSchedulePlugin:
+    """``plugin`` with the lifecycle off whatever the run's settings say
+    (tests/switched.py): the three tools."""
+    return AsyncSchedulePlugin(
+        store=JsonlStore(settings.sessions), settings=settings,
+        coordination=Coordination(fakeredis.FakeRedis(), settings), lifecycle=False,
+    )
+
+
+@pytest.fixture
 def lifecycle_plugin(settings: Settings) -> AsyncSchedulePlugin:
     """``plugin`` with the lifecycle on: ``schedule_update`` is offered."""
     return AsyncSchedulePlugin(

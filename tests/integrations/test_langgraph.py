@@ -76,8 +76,9 @@ def tomorrow() -> str:
 def test_the_tools_carry_the_catalog_schemas(plugin: AsyncSchedulePlugin) -> None:
     tools = schedule_tools(plugin, "s1")
     exported = [convert_to_openai_tool(tool)["function"] for tool in tools]
-    assert [f["name"] for f in exported] == [d.name for d in tool_definitions()]
-    for function, definition in zip(exported, tool_definitions(), strict=True):
+    definitions = tool_definitions(lifecycle=plugin.tools.lifecycle)
+    assert [f["name"] for f in exported] == [d.name for d in definitions]
+    for function, definition in zip(exported, definitions, strict=True):
         parameters = dict(function["parameters"])
         parameters.pop("description", None)  # LangChain copies the description in
         assert parameters == definition.input_schema
@@ -86,7 +87,7 @@ def test_the_tools_carry_the_catalog_schemas(plugin: AsyncSchedulePlugin) -> Non
 
 def test_a_call_reaches_the_parser_as_the_model_sent_it(plugin: AsyncSchedulePlugin) -> None:
     plugin.store.create(SessionHeader(id="s1", createdAt=0))
-    create, listing, _delete = schedule_tools(plugin, "s1")
+    create, listing, _delete, *_update = schedule_tools(plugin, "s1")
 
     async def scenario() -> tuple[ToolMessage, ToolMessage, ToolMessage]:
         two_selectors = await create.ainvoke({
@@ -232,7 +233,7 @@ def test_an_agent_from_create_agent_runs_the_tools_and_records_the_turn(
 
 
 def test_with_the_lifecycle_on_the_fourth_tool_edits_pauses_and_says_not_found(
-        lifecycle_plugin: AsyncSchedulePlugin, plugin: AsyncSchedulePlugin) -> None:
+        lifecycle_plugin: AsyncSchedulePlugin, plugin_off: AsyncSchedulePlugin) -> None:
     # given a plugin with the lifecycle on (and one without, for the names)
     plugin_on = lifecycle_plugin
     plugin_on.store.create(SessionHeader(id="s1", createdAt=0))
@@ -240,7 +241,7 @@ def test_with_the_lifecycle_on_the_fourth_tool_edits_pauses_and_says_not_found(
     definitions = tool_definitions(lifecycle=True)
     assert [t.name for t in tools] == [d.name for d in definitions] == [
         "schedule_create", "schedule_list", "schedule_delete", "schedule_update"]
-    assert [t.name for t in schedule_tools(plugin, "s1")] == [
+    assert [t.name for t in schedule_tools(plugin_off, "s1")] == [
         "schedule_create", "schedule_list", "schedule_delete"]
     update = convert_to_openai_tool(tools[3])["function"]
     update["parameters"].pop("description", None)

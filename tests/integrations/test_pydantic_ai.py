@@ -62,8 +62,9 @@ def calls_then_reports(*calls: tuple[str, dict[str, object]]) -> FunctionModel:
 def test_the_tools_carry_the_catalog_schemas_and_run_sequentially(
         plugin: AsyncSchedulePlugin) -> None:
     tools = schedule_tools(plugin)
-    assert [t.name for t in tools] == [d.name for d in tool_definitions()]
-    for tool, definition in zip(tools, tool_definitions(), strict=True):
+    definitions = tool_definitions(lifecycle=plugin.tools.lifecycle)
+    assert [t.name for t in tools] == [d.name for d in definitions]
+    for tool, definition in zip(tools, definitions, strict=True):
         assert tool.function_schema.json_schema == definition.input_schema
         assert tool.description == definition.description
         assert tool.sequential is True
@@ -205,14 +206,14 @@ def test_the_history_is_a_required_keyword_of_a_user_turn() -> None:
 
 
 def test_with_the_lifecycle_on_the_fourth_tool_runs_through_an_agent(
-        lifecycle_plugin: AsyncSchedulePlugin, plugin: AsyncSchedulePlugin) -> None:
+        lifecycle_plugin: AsyncSchedulePlugin, plugin_off: AsyncSchedulePlugin) -> None:
     # given the tools of a plugin with the lifecycle on (and of one without)
     plugin_on = lifecycle_plugin
     tools = schedule_tools(plugin_on)
     definitions = tool_definitions(lifecycle=True)
     assert [t.name for t in tools] == [d.name for d in definitions] == [
         "schedule_create", "schedule_list", "schedule_delete", "schedule_update"]
-    assert [t.name for t in schedule_tools(plugin)] == [
+    assert [t.name for t in schedule_tools(plugin_off)] == [
         "schedule_create", "schedule_list", "schedule_delete"]
     assert tools[3].function_schema.json_schema == definitions[3].input_schema
     assert tools[3].sequential is True

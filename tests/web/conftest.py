@@ -79,7 +79,18 @@ def embedded_env() -> dict[str, str]:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     """An embedded console (in-process Redis, worker and mover) on a free port."""
-    console = Console(web_settings(tmp_path))
+    yield from _served(web_settings(tmp_path))
+
+
+@pytest.fixture
+def served_off(tmp_path: Path) -> Iterator[Served]:
+    """``served`` with the lifecycle off whatever the run's settings say
+    (tests/switched.py)."""
+    yield from _served(web_settings(tmp_path, lifecycle=False))
+
+
+def _served(settings: Settings) -> Iterator[Served]:
+    console = Console(settings)
     server = WebServer(console, port=0)
     server.start()
     try:

@@ -377,7 +377,7 @@ def test_the_edit_form_refuses_what_it_does_not_offer() -> None:
 
 
 def test_the_update_route_calls_the_tool_with_the_lifecycle_on_and_refuses_it_off(
-        served: Served, served_lifecycle: Served) -> None:
+        served_off: Served, served_lifecycle: Served) -> None:
     # given a recurring reminder in a console with the lifecycle on
     on = served_lifecycle
     on.console.create_session("life", "UTC")
@@ -402,9 +402,9 @@ def test_the_update_route_calls_the_tool_with_the_lifecycle_on_and_refuses_it_of
                           "paused": True}
 
     # and with the lifecycle off the route writes nothing and says why
-    served.console.create_session("plain", "UTC")
-    served.console.prompt("plain", "every 5 minutes check the build", None)
-    length = served.console.length("plain")
-    status, _, body = call(served.at("/update/plain"), {"id": "schedule-1", "paused": "true"})
+    served_off.console.create_session("plain", "UTC")
+    served_off.console.prompt("plain", "every 5 minutes check the build", None)
+    length = served_off.console.length("plain")
+    status, _, body = call(served_off.at("/update/plain"), {"id": "schedule-1", "paused": "true"})
     assert status == 400 and "schedule_create, schedule_delete" in body
-    assert served.console.length("plain") == length
+    assert served_off.console.length("plain") == length
