@@ -245,8 +245,8 @@ def refuse_writes(client: redis.Redis, how: str) -> Callable[[], None]:
 def add_followup(followups: Followups, agent: str, text: str, pairs: Sequence[Pair]) -> str:
     """A followup written as a worker writes it: the entry, then the agent announced on
     the ready stream of the queue its lease names. The entry id."""
-    entry_id = followups.add_many([(agent, text, pairs)])[0]
-    followups.announce_many([agent])
+    entry_id = followups.add([(agent, text, pairs)])[0]
+    followups.announce([agent])
     return entry_id
 
 

@@ -94,22 +94,18 @@ def wake_batch(payload: Any) -> dict[str, str]:
     """A batch of wakes, performed as one batched due transaction; one wake's failure
     spares the rest."""
     with log_context(wake_id=_job_id()):
-        return _wake_batch(payload)
-
-
-def _wake_batch(payload: Any) -> dict[str, str]:
-    try:
-        batch = decode_wakes(payload)
-    except msgspec.ValidationError as exc:
-        log.error("malformed wake batch dropped: %s", exc)
-        return {}
-    owner = _owner()
-    if isinstance(batch, DueWakes):
-        wakes: list[tuple[str, int | None]] = [(w.agent, w.target_ms) for w in batch.wakes]
-    else:
-        wakes = [(agent, None) for agent in batch.agents]
-    outcomes = owner.wake_many(wakes)
-    return {agent: outcome.value for agent, outcome in outcomes.items()}
+        try:
+            batch = decode_wakes(payload)
+        except msgspec.ValidationError as exc:
+            log.error("malformed wake batch dropped: %s", exc)
+            return {}
+        if isinstance(batch, DueWakes):
+            wakes: list[tuple[str, int | None]] = [(w.agent, w.target_ms)
+                                                   for w in batch.wakes]
+        else:
+            wakes = [(agent, None) for agent in batch.agents]
+        outcomes = _owner().wake_many(wakes)
+        return {agent: outcome.value for agent, outcome in outcomes.items()}
 
 
 def held_by(job: Any, queue: str) -> Held | None:

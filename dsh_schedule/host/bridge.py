@@ -499,7 +499,7 @@ class HostBridge:
         settings = self._settings
         token = uuid.uuid4().hex
         agents = list(dict.fromkeys(agents))
-        claimed = self._coord.phase.claim_many(agents, "turn", token, settings.turn_ttl_s) \
+        claimed = self._coord.phase.claim(agents, "turn", token, settings.turn_ttl_s) \
             if agents else []
         held = [agent for agent, ok in zip(agents, claimed, strict=True) if ok]
         if not held:
@@ -542,7 +542,7 @@ class HostBridge:
                 agents = [agent for agent in agents if agent not in gone]
 
     def _end_turns(self, agents: list[str], token: str) -> None:
-        released = self._coord.phase.release_many(agents, "turn", token)
+        released = self._coord.phase.release(agents, "turn", token)
         wake = []
         for agent, release in zip(agents, released, strict=True):
             try:

@@ -207,7 +207,7 @@ class DeliveryGate:
                     self._failures.failed(agent)
                     return delivery
                 try:
-                    followups.done(agent, entry.entry_id)
+                    followups.done([(agent, entry.entry_id)])
                 except redis.RedisError as exc:
                     if delivery is None or not is_outage(exc):
                         raise
@@ -241,7 +241,7 @@ class DeliveryGate:
             decided.outage = exc
             decided.busy = [agent for agent in with_entries if agent not in decided.looked]
         try:
-            self._coord.followups.done_many(decided.entries)
+            self._coord.followups.done(decided.entries)
         except redis.RedisError as exc:
             if not is_outage(exc):
                 raise

@@ -96,12 +96,12 @@ class Coordination:
     def claim_maintenance(self, agents: Sequence[str], token: str, ttl_s: float) -> list[bool]:
         """Claim each agent's maintenance phase under ``token``, in one round trip: False
         where a turn holds it (an idle waiter is registered)."""
-        return self.phase.claim_many(agents, "maintenance", token, ttl_s)
+        return self.phase.claim(agents, "maintenance", token, ttl_s)
 
     def end_maintenance(self, agents: Sequence[str], token: str) -> None:
         """Release the maintenance phases ``token`` holds, in one round trip, and wake the
         agents whose idle waiter the release woke."""
-        released = self.phase.release_many(agents, "maintenance", token)
+        released = self.phase.release(agents, "maintenance", token)
         woken = [agent for agent, release in zip(agents, released, strict=True)
                  if release is Release.WAITER_WOKEN]
         if woken:
@@ -110,15 +110,15 @@ class Coordination:
     def write_followups(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> None:
         """Write ``(agent, text, pairs)`` followups in one round trip, unannounced
         (``announce`` them once the agents are let go)."""
-        self.followups.add_many(items)
+        self.followups.add(items)
 
     def followup_entries(self, agents: Sequence[str]) -> list[list[FollowupEntry]]:
         """Each agent's followup entries, in one round trip."""
-        return self.followups.entries_many(agents)
+        return self.followups.entries(agents)
 
     def announce(self, agents: Sequence[str]) -> None:
         """Tell the agents' hosts they have followups to deliver."""
-        self.followups.announce_many(agents)
+        self.followups.announce(agents)
 
     def projections(self, agents: Sequence[str]) -> list[Projection]:
         """The ``Projection`` of each agent (``WakeProjection.projections``)."""

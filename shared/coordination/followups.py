@@ -5,7 +5,7 @@ An entry holds the exact framing text and the ``(scheduleId, occurrenceAt)`` pai
 covers. The stream is a projection: the host delivers an entry only after checking the
 log, and lost entries are re-projected from the log.
 
-An entry is written unannounced (``add_many``); *announcing* the agent (``announce_many``)
+An entry is written unannounced (``add``); *announcing* the agent (``announce``)
 adds its id to the ready stream of the queue its lease names, which is what a host serving
 that queue blocks on. A host therefore learns of a followup without polling every agent's
 stream. The due transaction announces its agents once it lets them go, so that a host
@@ -116,17 +116,17 @@ class Followups:
         self._default_queue = default_queue
         self._ready_maxlen = ready_maxlen
 
-    def add_many(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
+    def add(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> list[str]:
         """Write many ``(agent, text, pairs)`` entries in one round trip (one script call),
         unannounced: the caller, which holds the agents, announces them with
-        ``announce_many`` once it lets them go. The entry ids, in order."""
+        ``announce`` once it lets them go. The entry ids, in order."""
         written = _ADD.run_items(self._client, [
             (self._counted(agent), [text.encode(), _encode_pairs(pairs), STREAM_GROUP, agent])
             for agent, text, pairs in items
         ])
         return [_text(entry_id) for entry_id in written]
 
-    def announce_many(self, agents: Sequence[str]) -> None:
+    def announce(self, agents: Sequence[str]) -> None:
         """Announce each agent on the ready stream of the queue its lease names (a lease
         whose queue entry was lost: the default queue, where its wakes go too; no lease:
         no announcement): one round trip looks up the queues, one more announces them all
@@ -156,7 +156,7 @@ class Followups:
         raise redis.RedisError(f"the lease of {', '.join(pending)} kept moving while "
                                "announcing a followup")
 
-    def entries_many(self, agents: Sequence[str]) -> list[list[FollowupEntry]]:
+    def entries(self, agents: Sequence[str]) -> list[list[FollowupEntry]]:
         """Every entry still in each agent's stream, delivered to a consumer or not, in one
         pipelined round trip."""
         with self._client.pipeline(transaction=False) as pipe:
@@ -227,8 +227,9 @@ class Followups:
                 drained=bool(drained))
         return found, ungrouped
 
-    def done_many(self, entries: Sequence[tuple[str, str]]) -> None:
-        """``done`` for many ``(agent, entry id)``, in one round trip."""
+    def done(self, entries: Sequence[tuple[str, str]]) -> None:
+        """Acknowledge and delete entries, ``(agent, entry id)`` each, whether delivered or
+        dropped, in one round trip."""
         if not entries:
             return
         _DONE.run_items(self._client, [(self._counted(agent),
@@ -247,10 +248,6 @@ class Followups:
             return []
         items = result[1] if len(result) > 1 else []
         return [_entry(i, f) for i, f in items if f]
-
-    def done(self, agent: str, entry_id: str) -> None:
-        """Acknowledge and delete an entry, whether it was delivered or dropped."""
-        self.done_many([(agent, entry_id)])
 
     def drop(self, agents: Sequence[str]) -> None:
         """Delete the followup streams of many agents, in one round trip."""

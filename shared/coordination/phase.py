@@ -40,9 +40,9 @@ class AgentPhase:
 
     def claim_turn(self, agent: str, token: str, ttl_s: float) -> bool:
         """Claim the phase for a turn; False while maintenance or another turn holds it."""
-        return self.claim_many([agent], "turn", token, ttl_s)[0]
+        return self.claim([agent], "turn", token, ttl_s)[0]
 
-    def claim_many(
+    def claim(
         self, agents: Sequence[str], kind: str, token: str, ttl_s: float
     ) -> list[bool]:
         """Claim the phase for maintenance (kind ``maintenance``: a held phase registers
@@ -56,7 +56,7 @@ class AgentPhase:
         replies = _CLAIM.run_items(self._client, [(self._args(agent), args) for agent in agents])
         return [bool(r) for r in replies]
 
-    def release_many(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
+    def release(self, agents: Sequence[str], kind: str, token: str) -> list[Release]:
         """Release the phases of many agents held under one token, in one round trip: a
         phase another owner holds is left alone (``NOT_OWNER``)."""
         args = [f"{kind}:{token}"]

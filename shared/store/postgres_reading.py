@@ -32,7 +32,6 @@ from dsh_schedule.shared.store.postgres_schema import (
     RANGE,
     SCHEMA_VERSION,
     TAIL,
-    TAIL_MANY,
     database_version,
     migrate_database,
     row_key,
@@ -41,7 +40,7 @@ from dsh_schedule.shared.store.postgres_schema import (
 _T = TypeVar("_T")
 
 
-def _tail_from(entry: SessionEntry | None) -> tuple[int, bytes | None]:
+def tail_from(entry: SessionEntry | None) -> tuple[int, bytes | None]:
     """Where a catch-up from a cached entry reads: its length (0: none cached) and the
     line of the last event fed to it (None: none), read again to check it."""
     if entry is None:
@@ -163,36 +162,12 @@ class PostgresReading:
     def _catch_up(self, session_id: str) -> SessionEntry:
         """The session's entry, with every committed row fed to it (one query)."""
         entry = self._cache.get(session_id)
-        start, last = _tail_from(entry)
+        start, last = tail_from(entry)
         with self._connection(f"read session {session_id!r}") as conn:
             rows = conn.execute(TAIL, {"id": row_key(session_id),
                                         "from": start - 1 if last is not None else start}
                                 ).fetchall()
         return self._feed_tail(session_id, entry, start, last, rows)
-
-    def _caught_up_many(self, session_ids: Sequence[str]
-                        ) -> dict[str, SessionEntry | Exception]:
-        """``_catch_up`` for many sessions, their rows read in one query: each one's
-        entry, or what failed (the query's failure is every one's)."""
-        cached = {session_id: self._cache.get(session_id) for session_id in session_ids}
-        tails = {session_id: _tail_from(entry) for session_id, entry in cached.items()}
-        keys = [row_key(session_id) for session_id in cached]
-        froms = [start - 1 if last is not None else start for start, last in tails.values()]
-        found: dict[str, list[tuple[Any, ...]]] = {key: [] for key in keys}
-        try:
-            with self._connection(f"read {len(keys)} sessions") as conn:
-                for row in conn.execute(TAIL_MANY, {"ids": keys, "froms": froms}):
-                    found[row[0]].append(row[1:])
-        except PersistenceError as exc:
-            return dict.fromkeys(cached, exc)
-        entries: dict[str, SessionEntry | Exception] = {}
-        for session_id, entry in cached.items():
-            try:
-                entries[session_id] = self._feed_tail(
-                    session_id, entry, *tails[session_id], found[row_key(session_id)])
-            except Exception as exc:  # that session's alone (a missing or broken log)
-                entries[session_id] = exc
-        return entries
 
     def _feed_tail(self, session_id: str, entry: SessionEntry | None, start: int,
                    last: bytes | None, rows: Sequence[tuple[Any, ...]]) -> SessionEntry:

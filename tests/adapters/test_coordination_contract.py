@@ -102,7 +102,7 @@ def test_every_key_of_every_port_is_under_the_prefix(
     keys, queue = coordination.keys, settings.queue
     coordination.leases.grant(AGENT, queue, now_ms=T0, ttl_s=LEASE_S)
     assert coordination.phase.claim_turn(AGENT, "t1", 10.0)
-    assert not coordination.phase.claim_many([AGENT], "maintenance", "m1", 10.0)[0]
+    assert not coordination.phase.claim([AGENT], "maintenance", "m1", 10.0)[0]
     add_followup(coordination.followups, AGENT, "text",
                  [Pair(scheduleId="schedule-1", occurrenceAt="x")])
     coordination.rearm(AGENT, waiting_for(TARGET), T0)

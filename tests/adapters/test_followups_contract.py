@@ -44,7 +44,7 @@ def ids(entries: list[FollowupEntry]) -> list[str]:
 def test_entries_keep_text_and_pairs_in_order(followups: Followups) -> None:
     first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
-    assert followups.entries_many([AGENT])[0] == [
+    assert followups.entries([AGENT])[0] == [
         FollowupEntry(entry_id=first, text=SINGLE_TEXT, pairs=SINGLE),
         FollowupEntry(entry_id=second, text=BATCH_TEXT, pairs=BATCH),
     ]
@@ -63,7 +63,7 @@ def test_pairs_are_stored_as_compact_json(
 
 
 def test_an_empty_stream_has_no_entries(followups: Followups) -> None:
-    assert followups.entries_many([AGENT])[0] == []
+    assert followups.entries([AGENT])[0] == []
     assert followups.waiting(AGENT) == 0
     assert followups.read(AGENT, "host-1") == []
 
@@ -86,7 +86,7 @@ def test_read_returns_new_entries_then_the_consumers_unacknowledged_ones(
     # when a host reads them and crashes before acknowledging
     delivered = followups.read(AGENT, "host-1")
     assert ids(delivered) == [first, second]
-    assert delivered == followups.entries_many([AGENT])[0]
+    assert delivered == followups.entries([AGENT])[0]
     # then its next read returns the same entries again (crash recovery)
     assert followups.read(AGENT, "host-1") == delivered
     # and another consumer of the group gets nothing new
@@ -99,7 +99,7 @@ def test_unacknowledged_entries_come_before_new_ones(followups: Followups) -> No
     later = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     # the pending one first; the new one once the pending one is done
     assert ids(followups.read(AGENT, "host-1")) == [first]
-    followups.done(AGENT, first)
+    followups.done([(AGENT, first)])
     assert ids(followups.read(AGENT, "host-1")) == [later]
 
 
@@ -117,22 +117,22 @@ def test_read_streams_reads_as_read_does_and_says_whether_it_emptied_the_stream(
     # its unacknowledged entry first, not known to be the last; then the new ones
     again = followups.read_streams([AGENT], "host-1", count=2)[AGENT]
     assert (ids(again.entries), again.drained) == ([first], False)
-    followups.done(AGENT, first)
+    followups.done([(AGENT, first)])
     more = [add_followup(followups, AGENT, SINGLE_TEXT, SINGLE) for _ in range(2)]
     full = followups.read_streams([AGENT], "host-1", count=2)[AGENT]
     assert (ids(full.entries), full.drained) == ([later, more[0]], False)  # count reached
     other = followups.read_streams([AGENT], "host-2")
     assert {a: r.entries for a, r in other.items()} == {
-        AGENT: followups.entries_many([AGENT])[0][2:]}
+        AGENT: followups.entries([AGENT])[0][2:]}
 
 
-def test_done_many_and_waiting_many_take_one_command_for_many_agents(
+def test_done_and_waiting_many_take_one_command_for_many_agents(
     followups: Followups,
 ) -> None:
     added = {agent: add_followup(followups, agent, SINGLE_TEXT, SINGLE)
              for agent in ("a", "b", "c")}
     assert followups.waiting_many(["a", "b", "c", "none"]) == [1, 1, 1, 0]
-    followups.done_many([("a", added["a"]), ("c", added["c"])])
+    followups.done([("a", added["a"]), ("c", added["c"])])
     assert followups.waiting_many(["a", "b", "c"]) == [0, 1, 0]
 
 
@@ -144,13 +144,13 @@ def test_done_acknowledges_and_deletes(
     second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     followups.read(AGENT, "host-1")
     # when the host is done with the first one
-    followups.done(AGENT, first)
+    followups.done([(AGENT, first)])
     # then only the second is left, in the stream and among the pending
-    assert ids(followups.entries_many([AGENT])[0]) == [second]
+    assert ids(followups.entries([AGENT])[0]) == [second]
     assert followups.waiting(AGENT) == 1
     assert ids(followups.read(AGENT, "host-1")) == [second]
     # and when it is done with the second, nothing is left anywhere
-    followups.done(AGENT, second)
+    followups.done([(AGENT, second)])
     assert followups.waiting(AGENT) == 0
     assert followups.read(AGENT, "host-1") == []
     pending = redis_client.xpending(keys.followups(AGENT), "host")
@@ -159,7 +159,7 @@ def test_done_acknowledges_and_deletes(
 
 def test_done_on_an_entry_never_read_deletes_it(followups: Followups) -> None:
     entry = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
-    followups.done(AGENT, entry)
+    followups.done([(AGENT, entry)])
     assert followups.waiting(AGENT) == 0
     assert followups.read(AGENT, "host-1") == []
 
@@ -172,7 +172,7 @@ def test_claim_stale_hands_over_what_another_consumer_left(followups: Followups)
     # when another host claims entries idle for at least 0 ms
     claimed = followups.claim_stale(AGENT, "host-2", min_idle_ms=0)
     # then it gets them whole, and from now on they are its own pending entries
-    assert claimed == followups.entries_many([AGENT])[0]
+    assert claimed == followups.entries([AGENT])[0]
     assert ids(claimed) == [first, second]
     assert ids(followups.read(AGENT, "host-2")) == [first, second]
     assert followups.read(AGENT, "crashed-host") == []
@@ -189,7 +189,7 @@ def test_claim_stale_skips_entries_already_done(followups: Followups) -> None:
     first = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
     second = add_followup(followups, AGENT, BATCH_TEXT, BATCH)
     followups.read(AGENT, "crashed-host")
-    followups.done(AGENT, first)
+    followups.done([(AGENT, first)])
     assert ids(followups.claim_stale(AGENT, "host-2", min_idle_ms=0)) == [second]
 
 
@@ -210,7 +210,7 @@ def test_drop_removes_the_stream(
     followups.read(AGENT, "host-1")
     followups.drop([AGENT])
     assert redis_client.exists(keys.followups(AGENT)) == 0
-    assert followups.entries_many([AGENT])[0] == []
+    assert followups.entries([AGENT])[0] == []
     assert followups.waiting(AGENT) == 0
 
 
@@ -227,13 +227,13 @@ def test_the_pending_total_follows_every_write_and_read(followups: Followups) ->
     """The counter the followup scripts keep: added entries count, acknowledged and
     dropped ones no longer do, and a read changes nothing."""
     assert followups.pending_total() == 0
-    ids_a = followups.add_many([("a", "t", SINGLE), ("a", "u", SINGLE), ("b", "t", SINGLE)])
+    ids_a = followups.add([("a", "t", SINGLE), ("a", "u", SINGLE), ("b", "t", SINGLE)])
     add_followup(followups, "c", "t", SINGLE)
     assert followups.pending_total() == 4
     followups.read_streams(["a", "b", "c"], "host-1")
     assert followups.pending_total() == 4
-    followups.done_many([("a", ids_a[0])])
-    followups.done("a", ids_a[0])  # again: nothing more to take off
+    followups.done([("a", ids_a[0])])
+    followups.done([("a", ids_a[0])])  # again: nothing more to take off
     assert followups.pending_total() == 3
     followups.drop(["b", "c", "none"])
     assert followups.pending_total() == 1
@@ -244,7 +244,7 @@ def test_a_lost_counter_is_put_right(
 ) -> None:
     """The total lost alone is summed again from the per-agent counts by the next write;
     streams no script counted (an older version wrote them) count once recounted."""
-    followups.add_many([("a", "t", SINGLE), ("b", "t", SINGLE)])
+    followups.add([("a", "t", SINGLE), ("b", "t", SINGLE)])
     redis_client.delete(keys.followup_total())
     add_followup(followups, "c", "t", SINGLE)
     assert followups.pending_total() == 3
@@ -301,7 +301,7 @@ def test_add_announces_the_agent_on_the_queue_its_lease_names(
 ) -> None:
     lease_on(redis_client, keys, QUEUE)
     entry = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
-    assert ids(followups.entries_many([AGENT])[0]) == [entry]
+    assert ids(followups.entries([AGENT])[0]) == [entry]
     assert announced(redis_client, keys, QUEUE) == [AGENT]
     assert announced(redis_client, keys, "queue-b") == []
 
@@ -323,7 +323,7 @@ def test_add_announces_where_the_lease_is_when_it_moved_meanwhile(
     lease_on(redis_client, keys, "queue-now")
     monkeypatch.setattr(redis_client, "hmget", lambda *_args: [b"queue-before"])
     entry = add_followup(followups, AGENT, SINGLE_TEXT, SINGLE)
-    assert ids(followups.entries_many([AGENT])[0]) == [entry]  # written once
+    assert ids(followups.entries([AGENT])[0]) == [entry]  # written once
     assert announced(redis_client, keys, "queue-now") == [AGENT]
     assert announced(redis_client, keys, "queue-before") == []
 

@@ -34,7 +34,7 @@ def waiter_registered(client: redis.Redis, keys: Keys) -> bool:
 def test_maintenance_claims_a_free_agent_and_then_a_turn_cannot(
     phase: AgentPhase, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    assert phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0] is True
+    assert phase.claim([AGENT], "maintenance", "m1", TTL_S)[0] is True
     assert phase_holder(phase, AGENT) == "maintenance:m1"
     assert phase.claim_turn(AGENT, "t1", TTL_S) is False
     # a refused turn registers no idle waiter: it waits for the release itself
@@ -53,24 +53,24 @@ def test_maintenance_on_a_held_agent_registers_an_idle_waiter(
     phase: AgentPhase, redis_client: redis.Redis, keys: Keys, owner_kind: str
 ) -> None:
     # given the phase held by a turn or by another maintenance
-    assert phase.claim_many([AGENT], owner_kind, "owner", TTL_S) == [True]
+    assert phase.claim([AGENT], owner_kind, "owner", TTL_S) == [True]
     # when maintenance tries to claim
-    claimed = phase.claim_many([AGENT], "maintenance", "m2", TTL_S)[0]
+    claimed = phase.claim([AGENT], "maintenance", "m2", TTL_S)[0]
     # then it is refused, the owner keeps the phase and a waiter is registered
     assert claimed is False
     assert phase_holder(phase, AGENT) == f"{owner_kind}:owner"
     assert waiter_registered(redis_client, keys)
     # and the owner's release reports the waiter and clears it
-    assert phase.release_many([AGENT], owner_kind, "owner")[0] is Release.WAITER_WOKEN
+    assert phase.release([AGENT], owner_kind, "owner")[0] is Release.WAITER_WOKEN
     assert not waiter_registered(redis_client, keys)
     assert phase_holder(phase, AGENT) is None
 
 
 def test_a_release_without_a_waiter_just_releases(phase: AgentPhase) -> None:
     assert phase.claim_turn(AGENT, "t1", TTL_S)
-    assert phase.release_many([AGENT], "turn", "t1")[0] is Release.RELEASED
+    assert phase.release([AGENT], "turn", "t1")[0] is Release.RELEASED
     assert phase_holder(phase, AGENT) is None
-    assert phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0] is True
+    assert phase.claim([AGENT], "maintenance", "m1", TTL_S)[0] is True
 
 
 @pytest.mark.parametrize(
@@ -83,9 +83,9 @@ def test_a_release_by_a_non_owner_changes_nothing(
 ) -> None:
     # given a turn holding the phase and maintenance waiting on it
     assert phase.claim_turn(AGENT, "t1", TTL_S)
-    assert not phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0]
+    assert not phase.claim([AGENT], "maintenance", "m1", TTL_S)[0]
     # when someone else releases
-    result = phase.release_many([AGENT], kind, token)[0]
+    result = phase.release([AGENT], kind, token)[0]
     # then nothing changes
     assert result is Release.NOT_OWNER
     assert phase_holder(phase, AGENT) == "turn:t1"
@@ -93,7 +93,7 @@ def test_a_release_by_a_non_owner_changes_nothing(
 
 
 def test_a_release_of_a_free_phase_is_not_owner(phase: AgentPhase) -> None:
-    assert phase.release_many([AGENT], "turn", "t1")[0] is Release.NOT_OWNER
+    assert phase.release([AGENT], "turn", "t1")[0] is Release.NOT_OWNER
 
 
 def test_renew_extends_the_ttl_for_the_owner_only(
@@ -123,9 +123,9 @@ def test_the_phase_expires_after_its_ttl(phase: AgentPhase) -> None:
     time.sleep(0.15)
     # then the phase is free for maintenance, and the late owner cannot renew it
     assert phase_holder(phase, AGENT) is None
-    assert phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0] is True
+    assert phase.claim([AGENT], "maintenance", "m1", TTL_S)[0] is True
     assert phase.renew([AGENT], "turn", "t1", TTL_S)[0] is False
-    assert phase.release_many([AGENT], "turn", "t1")[0] is Release.NOT_OWNER
+    assert phase.release([AGENT], "turn", "t1")[0] is Release.NOT_OWNER
     assert phase_holder(phase, AGENT) == "maintenance:m1"
 
 
@@ -133,17 +133,17 @@ def test_forget_removes_the_phase_and_the_waiter(
     phase: AgentPhase, redis_client: redis.Redis, keys: Keys
 ) -> None:
     assert phase.claim_turn(AGENT, "t1", TTL_S)
-    assert not phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0]
+    assert not phase.claim([AGENT], "maintenance", "m1", TTL_S)[0]
     phase.forget([AGENT])
     assert phase_holder(phase, AGENT) is None
     assert not waiter_registered(redis_client, keys)
-    assert phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0] is True
+    assert phase.claim([AGENT], "maintenance", "m1", TTL_S)[0] is True
 
 
 def test_phases_of_different_agents_are_independent(phase: AgentPhase) -> None:
     assert phase.claim_turn("agent-a", "t1", TTL_S)
-    assert phase.claim_many(["agent-b"], "maintenance", "m1", TTL_S)[0] is True
-    assert phase.release_many(["agent-a"], "turn", "t1")[0] is Release.RELEASED
+    assert phase.claim(["agent-b"], "maintenance", "m1", TTL_S)[0] is True
+    assert phase.release(["agent-a"], "turn", "t1")[0] is Release.RELEASED
     assert phase_holder(phase, "agent-b") == "maintenance:m1"
 
 
@@ -151,6 +151,6 @@ def test_phase_keys_are_under_the_prefix(
     phase: AgentPhase, redis_client: redis.Redis, keys: Keys
 ) -> None:
     assert phase.claim_turn(AGENT, "t1", TTL_S)
-    assert not phase.claim_many([AGENT], "maintenance", "m1", TTL_S)[0]
+    assert not phase.claim([AGENT], "maintenance", "m1", TTL_S)[0]
     written = sorted(k.decode() for k in redis_client.scan_iter(match="*"))
     assert written == sorted([keys.phase(AGENT), keys.idle_waiter(AGENT)])

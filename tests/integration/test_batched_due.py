@@ -262,7 +262,7 @@ def test_an_agent_in_a_turn_is_handed_back_and_delivered_once_it_ends(
 
     assert [name for name, _d in first] == ["free"]
     assert reminder_texts(system.store, "talking") == []
-    phase.release_many(["talking"], "turn", "tok")[0]
+    phase.release(["talking"], "turn", "tok")[0]
     clock.advance(1.5)  # the bridge names a busy agent again after a second
     assert [name for name, _d in system.host.serve(0.0)] == ["talking"]
     assert len(reminder_texts(system.store, "talking")) == 1
@@ -433,13 +433,13 @@ def test_looking_at_agents_with_nothing_waiting_takes_no_turn_and_wakes_nobody(
     queue.empty()
     claims: list[str] = []
     phase = system.coordination.phase
-    original = phase.claim_many
+    original = phase.claim
 
     def counting(agents: Sequence[str], kind: str, token: str, ttl_s: float) -> list[bool]:
         claims.extend(agents)
         return original(agents, kind, token, ttl_s)
 
-    phase.claim_many = counting  # type: ignore[method-assign]
+    phase.claim = counting  # type: ignore[method-assign]
 
     assert system.host.serve(0.0) == []  # every agent is named once, after its install
 

@@ -44,7 +44,7 @@ def grow_to(coord: Coordination, settings: Settings, total: int, have: int) -> N
     for index, host in enumerate(HOSTS):
         coord.leases.install(host, agents[index::2], settings.queue, now_ms=wall_clock_ms(),
                              ttl_s=600)
-    coord.followups.add_many([(agent, "a followup", []) for agent in agents])
+    coord.followups.add([(agent, "a followup", []) for agent in agents])
 
 
 def test_status_and_the_gauge_cost_as_many_commands_for_many_agents_as_for_few(
