@@ -130,7 +130,8 @@ def cmd_session(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.catalog import tool_definitions
-    from dsh_schedule.shared.store.naming import store_from_settings
+    from dsh_schedule.shared.core.errors import PersistenceError, outage_said
+    from dsh_schedule.shared.store.naming import close_store, store_from_settings
 
     settings = settings_of(args)
     names = [tool.name for tool in tool_definitions(settings.calendar, settings.lifecycle)]
@@ -138,7 +139,16 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise CommandError(f"call: unknown tool {args.tool!r} (one of {', '.join(names)})")
     arguments = tool_args(args.args_json)
     store = store_from_settings(settings)
-    if not store.exists(args.session):
+    try:
+        found = store.exists(args.session)
+    except PersistenceError as exc:
+        close_store(store)
+        if not outage_said(exc):
+            raise
+        # Before any call: said as a Redis that does not answer is (exit 2, no call made).
+        raise CommandError(f"call: the session store {settings.store_shown} did not answer"
+                           f" ({exc}); no call made") from None
+    if not found:
         raise CommandError(
             f"call: session {shown_id(args.session)} does not exist in "
             f"{settings.store_shown!r}"
