@@ -31,8 +31,7 @@ from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.store.postgres import PostgresStore
 from dsh_schedule.worker.due import DueOwner
 from dsh_schedule.worker.outcome import WakeOutcome
-from tests.postgres_private import PostgresMissing, PrivateServer
-from tests.postgres_server import in_ci
+from tests.postgres_private import PrivateServer, private_server
 from tests.redis_server import RedisServer
 from tests.support import (
     Processes,
@@ -63,16 +62,6 @@ TIMINGS = {
     "MOVER_INTERVAL": "0.1",
     "RECONCILE_INTERVAL": "2",
 }
-
-
-def private_server(small_disk_mb: int | None = None, **settings: str) -> PrivateServer:
-    """A private server, or the test fails (CI) or is skipped with what is missing."""
-    try:
-        return PrivateServer(small_disk_mb, **settings)
-    except PostgresMissing as exc:
-        if in_ci():
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
 
 
 @pytest.fixture
