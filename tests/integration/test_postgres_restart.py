@@ -178,6 +178,23 @@ def test_a_postgres_restart_mid_burst_loses_nothing_and_duplicates_nothing(
         store.close()
 
 
+def test_every_flushed_append_survives_a_crash_of_the_server(server: PrivateServer) -> None:
+    # given appends to a session, each flushed (the barrier a tool call answers after)
+    with PostgresStore(server.url, timeout_s=2) as store:
+        session = new_session(store)
+        for seq in range(5):
+            store.append(session, [NewEvent(type=USER_MESSAGE, time=0, data={
+                "content": [{"type": "text", "text": f"m{seq}"}]})], seq)
+            store.flush(session)
+    # when the server crashes: what it had not written to its disk is lost
+    server.crash()
+    server.start()
+    # then every flushed append is there
+    with PostgresStore(server.url, timeout_s=2) as fresh:
+        texts = [e.data["content"][0]["text"] for e in fresh.read(session).events]
+    assert texts == [f"m{seq}" for seq in range(5)]
+
+
 # -- a full disk on the server ----------------------------------------------------------
 
 SMALL_DISK_MB = 64
