@@ -23,8 +23,10 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.children import PRE_EXEC
+from tests.postgres_server import in_ci
 from tests.redis_server import free_port
 
 START_TIMEOUT_S = 60.0
@@ -149,3 +151,14 @@ class PrivateServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def private_server(small_disk_mb: int | None = None, **settings: str) -> PrivateServer:
+    """A private server (not started), or the test fails (CI) or is skipped with what is
+    missing."""
+    try:
+        return PrivateServer(small_disk_mb, **settings)
+    except PostgresMissing as exc:
+        if in_ci():
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))

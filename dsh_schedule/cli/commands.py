@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dsh_schedule.cli.common import (
     EXIT_TOOL_ERROR,
@@ -26,6 +26,7 @@ from dsh_schedule.terminal import shown_json, terminal_text
 
 if TYPE_CHECKING:
     from dsh_schedule.host.gate import Delivery
+    from dsh_schedule.shared.settings import Settings
     from dsh_schedule.shared.store.port import SessionStore
 
 # -- read-only commands on the pure core ----------------------------------------------
@@ -130,7 +131,7 @@ def cmd_session(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.catalog import tool_definitions
-    from dsh_schedule.shared.store.naming import store_from_settings
+    from dsh_schedule.shared.store.naming import close_store, store_from_settings
 
     settings = settings_of(args)
     names = [tool.name for tool in tool_definitions(settings.calendar, settings.lifecycle)]
@@ -138,7 +139,25 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise CommandError(f"call: unknown tool {args.tool!r} (one of {', '.join(names)})")
     arguments = tool_args(args.args_json)
     store = store_from_settings(settings)
-    if not store.exists(args.session):
+    try:
+        return _call(args, settings, store, arguments)
+    finally:
+        close_store(store)
+
+
+def _call(args: argparse.Namespace, settings: Settings, store: SessionStore,
+          arguments: Any) -> int:
+    from dsh_schedule.shared.core.errors import PersistenceError, outage_said
+
+    try:
+        found = store.exists(args.session)
+    except PersistenceError as exc:
+        if not outage_said(exc):
+            raise
+        # Before any call: said as a Redis that does not answer is (exit 2, no call made).
+        raise CommandError(f"call: the session store {settings.store_shown} did not answer"
+                           f" ({exc}); no call made") from None
+    if not found:
         raise CommandError(
             f"call: session {shown_id(args.session)} does not exist in "
             f"{settings.store_shown!r}"

@@ -32,6 +32,7 @@ import redis
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
 from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair, StreamRead
 from dsh_schedule.shared.coordination.outage import is_outage
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
@@ -393,7 +394,12 @@ def deliverable(entry: FollowupEntry, read: Read) -> bool:
 
 def delivery_events(entry: FollowupEntry, read: Read, now: int) -> tuple[NewEvent, ...]:
     """The ``turn/start`` and reminder ``user/message`` of the new turn that delivers
-    ``entry``, appended at the end of ``read``."""
+    ``entry``, appended at the end of ``read``: stamped ``now``, or the log's last time when
+    that is later (the worker that wrote the dispatch read Redis's clock up to a round trip
+    nearer to it than this host), lifted by ``LIVE_SLACK_MS`` at most."""
+    events = read.session.events
+    if events:
+        now = max(now, min(events[-1].time, now + LIVE_SLACK_MS))
     return (
         NewEvent(type=TURN_START, time=now, data={"turn": read.length}),
         NewEvent(type=USER_MESSAGE, time=now, data={

@@ -25,6 +25,12 @@ from dsh_schedule.shared.store.postgres_schema import APPEND, EVENTS, SESSIONS, 
 
 logger = logging.getLogger("dsh_schedule.shared.store.postgres")
 
+# What makes a flush's synchronous commit wait for the server's disk: a transactional
+# message in its log (any wal_level, any role; a logical decoder sees an empty message
+# with this prefix).
+FLUSH_MARK = ("SELECT set_config('synchronous_commit', 'on', true), "
+              "pg_logical_emit_message(true, 'dsh-schedule-flush', '')")
+
 
 class PostgresAppending(PostgresReading):
     """Appending to the sessions of a ``PostgresStore`` and making the appends durable."""
@@ -199,9 +205,10 @@ class PostgresAppending(PostgresReading):
             if not wanted:  # nothing to make durable: existence alone, one statement
                 return {keys[row[0]] for row in conn.execute(exists, (list(keys),))}, lines
             with conn.transaction():
-                # Synchronously committed, with a commit record (an xid) to flush.
-                conn.execute(
-                    "SELECT set_config('synchronous_commit', 'on', true), txid_current()")
+                # Synchronously committed, with a record of its own in the server's log: a
+                # transaction that wrote none (an id alone, txid_current()) commits without
+                # waiting for the disk whatever synchronous_commit says.
+                conn.execute(FLUSH_MARK)
                 found = {keys[row[0]] for row in conn.execute(exists, (list(keys),))} \
                     if keys else set()
                 rows = conn.execute(

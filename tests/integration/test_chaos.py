@@ -25,6 +25,13 @@ time: Redis runs on this machine);
 every tool call's answer is true of the log; no process exited on its own; and every log
 passes ``dsh-schedule check``.
 
+The run is played on each session store: on the JSONL store as above; on the PostgreSQL
+store (``postgres``: a private server of the test's own, named to every process by
+``DSH_SCHEDULE_STORE``) the full-disk window is a database crash instead (an immediate
+shutdown, losing the asynchronous commits the server had not yet written, and a start
+after the window's seconds), the logs are read from the database, and ``check`` runs on
+each log as ``dsh-schedule export`` prints it.
+
 The seed comes from ``DSH_SCHEDULE_CHAOS_SEED`` (random otherwise) and is part of every
 assertion message with the timeline; the same seed gives the same plan and due times,
 though not the same interleaving of real processes.
@@ -63,6 +70,10 @@ from dsh_schedule.shared.core.records import (
 )
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import close_store
+from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.store.postgres import PostgresStore
+from tests.postgres_private import PrivateServer, private_server
 from tests.redis_server import RedisServer
 from tests.support import Processes, process_env, wait_until
 
@@ -76,8 +87,9 @@ FIXED_RATE_AT = (0.2, 0.5, 0.8)  # the one occurrence of the fixed-rate reminder
 BURST = 300  # one-shots written into the logs before the hosts start, all due in one second
 # ... and that second falls in one of these windows of the plan, or anywhere in it
 # (due a second before Redis starts refusing writes, so that its wakes are running then)
-BURST_IN = ("disk-full", "redis-refuses", "redis-down", "anywhere")
-IN_WINDOW = 30  # one-shots written into the logs for each error-reply and full-disk window,
+BURST_IN = ("store-fault", "redis-refuses", "redis-down", "anywhere")
+STORE_FAULTS = ("disk-full", "db-crash")  # the store's window: JSONL's, PostgreSQL's
+IN_WINDOW = 30  # one-shots written into the logs for each error-reply and store window,
 # falling due all through it, in the first WINDOW_SESSIONS sessions: more appends to
 # each than the slack of a file's last page takes, so that a full disk refuses them
 WINDOW_SESSIONS = 5
@@ -148,15 +160,16 @@ class Action:
         return f"{self.at_s:g}s {self.action} {self.target} {self.hold_s:g}s{extra}"
 
 
-def _plan(rng: random.Random) -> list[Action]:
-    """The actions, one after the other, in a seeded order with seeded gaps."""
+def _plan(rng: random.Random, store_fault: str = "disk-full") -> list[Action]:
+    """The actions, one after the other, in a seeded order with seeded gaps; the store's
+    window is ``store_fault`` (the same seed gives the same plan on either store)."""
     picks: list[tuple[str, str]] = [("kill", rng.choice(WORKERS))
                                     for _ in range(rng.randint(1, 3))]
     picks += [("kill", "scheduler") for _ in range(rng.randint(1, 2))]
     picks += [("kill", rng.choice(HOSTS)) for _ in range(rng.randint(1, 2))]
     picks += [("pause", rng.choice(WORKERS)) for _ in range(rng.randint(1, 2))]
     picks += [("pause", rng.choice(HOSTS)), ("pause", "scheduler")]
-    picks += [("redis-down", "redis"), ("redis-refuses", "redis"), ("disk-full", "sessions")]
+    picks += [("redis-down", "redis"), ("redis-refuses", "redis"), (store_fault, "sessions")]
     picks += [("lose-keys", "redis")]
     rng.shuffle(picks)
     plan: list[Action] = []
@@ -197,8 +210,12 @@ class LogStory:
 
     @classmethod
     def read(cls, path: Path) -> LogStory:
+        return cls.of_lines(path.read_bytes().split(b"\n"))
+
+    @classmethod
+    def of_lines(cls, lines: list[bytes]) -> LogStory:
+        """The story of a log's lines, its header first (a last line may be torn)."""
         story = cls()
-        lines = path.read_bytes().split(b"\n")
         for number, line in enumerate(lines[1:], start=2):
             if not line:
                 continue
@@ -288,18 +305,41 @@ class Answer:
 FAULT_CODES = {"internal_error", "persistence_uncertain"}
 
 
+@dataclass
+class ChaosStore:
+    """The session store of one run: the test's own handle on it, what names it to the
+    processes, and the window of its own fault the plan plays."""
+
+    sessions: Path  # the JSONL directory (unused by a PostgreSQL store's processes)
+    store: SessionStore
+    fault: str  # one of STORE_FAULTS
+    url: str | None = None  # a PostgreSQL store's
+    database: PrivateServer | None = None
+
+    def story(self, session: str) -> LogStory:
+        """What the session's log holds now, read from where the processes write it."""
+        if isinstance(self.store, JsonlStore):
+            return LogStory.read(self.store.path(session))
+        header, lines = self.store.session_lines(session)
+        return LogStory.of_lines([header, *lines])
+
+
 class Run:
     """The processes, the Redis and the timeline of one chaos run."""
 
-    def __init__(self, tmp_path: Path, server: RedisServer, sessions: Path, seed: int) -> None:
+    def __init__(self, tmp_path: Path, server: RedisServer, where: ChaosStore,
+                 seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.server = server
-        self.sessions = sessions
+        self.where = where
+        self.sessions = where.sessions
+        named = {"STORE": where.url} if where.url else {}
         self.env = process_env(server.url(), self.sessions, PREFIX="chaos:", QUEUE="chaos",
-                               **TIMINGS)
+                               **named, **TIMINGS)
+        self.tmp_path = tmp_path
         self.procs = Processes(tmp_path, self.env)
-        self.store = JsonlStore(self.sessions)
+        self.store = where.store
         self.started = time.monotonic()
         self.begin = self.started + LEAD_S  # the plan's begin, monotonic and wall clock
         self.begin_ms = _now_ms() + LEAD_S * 1000
@@ -330,7 +370,8 @@ class Run:
 
     def context(self) -> str:
         """What a failure message needs to reproduce and understand the run."""
-        return (f"chaos seed {self.seed} (rerun with {SEED_ENV}={self.seed})\n"
+        return (f"chaos seed {self.seed} (rerun with {SEED_ENV}={self.seed}; answers and"
+                f" exported logs kept in {self.tmp_path})\n"
                 + "\n".join(self.timeline) + "\n" + self.procs.describe())
 
     def sleep(self, seconds: float) -> None:
@@ -347,12 +388,13 @@ class Run:
         if time.monotonic() - self._last_look < 1.0:
             return
         self._last_look = time.monotonic()
-        seen = _now_ms()
         for session in SESSIONS:
-            path = self.store.path(session)
-            if not path.exists():
+            try:
+                story = self.where.story(session)
+            except OSError:  # not written yet, or the database is down: look again later
                 continue
-            for schedule_id, seq, _at, _accepted in LogStory.read(path).dispatches:
+            seen = _now_ms()  # once read: a dispatch is surely there by then, not before
+            for schedule_id, seq, _at, _accepted in story.dispatches:
                 self.first_seen.setdefault((session, schedule_id, seq), seen)
 
     def early_by_true_time(self, stories: dict[str, LogStory]) -> list[str]:
@@ -392,11 +434,14 @@ class Run:
         self.begin = time.monotonic() + LEAD_S
         span_ms = round(plan[-1].end_s * 1000)
         where = self.rng.choice(BURST_IN)
+        if where == "store-fault":
+            where = self.where.fault
         window = next((step for step in plan if step.action == where), None)
         if window is None:
             burst_at = self.begin_ms + self.rng.randrange(span_ms)
-        else:  # due as Redis starts refusing (so wakes are running), else just inside
-            lead = -1000 if where == "redis-refuses" else 500
+        else:  # due as Redis starts refusing or the database crashes (so wakes are
+            # running, and their commits not yet written are lost), else just inside
+            lead = -1000 if where in ("redis-refuses", "db-crash") else 500
             burst_at = self.begin_ms + round(window.at_s * 1000) + lead
         targets: dict[str, list[tuple[str, int]]] = {session: [] for session in SESSIONS}
         for n in range(BURST):
@@ -404,7 +449,7 @@ class Run:
                 (f"burst {n}", burst_at + self.rng.randrange(1000)))
         in_windows = 0
         for step in plan:
-            if step.action in ("redis-refuses", "disk-full"):
+            if step.action in ("redis-refuses", *STORE_FAULTS):
                 start = self.begin_ms + round(step.at_s * 1000)
                 for n in range(IN_WINDOW):
                     targets[SESSIONS[n % WINDOW_SESSIONS]].append(
@@ -581,6 +626,17 @@ class Run:
             filler.unlink()
         self.note("sessions disk has room again")
 
+    def db_crash(self, step: Action) -> None:
+        """PostgreSQL shut down immediately (what it had not written to its disk is lost)
+        and started again after the window (a crash recovery)."""
+        database = self.where.database
+        assert database is not None
+        database.crash()
+        self.note(f"PostgreSQL crashed (immediate shutdown); starts again in {step.hold_s} s")
+        self.sleep(step.hold_s)
+        database.start()
+        self.note("PostgreSQL back (recovered)")
+
     def lose_keys(self, step: Action) -> None:
         """A partial loss that keeps the generation marker: one key of each kind of a live
         agent's projection deleted, each from another session (the hosts repair them)."""
@@ -620,7 +676,7 @@ class Run:
     # -- observations ---------------------------------------------------------------
 
     def stories(self) -> dict[str, LogStory]:
-        return {session: LogStory.read(self.store.path(session)) for session in SESSIONS}
+        return {session: self.where.story(session) for session in SESSIONS}
 
     def undelivered(self) -> dict[str, set[str]]:
         """Per session, the ids its log says must still be delivered."""
@@ -631,7 +687,35 @@ class Run:
     def settled(self) -> bool:
         """Every reminder a log says is due delivered (noticing deaths meanwhile)."""
         self.watch()
-        return not self.undelivered()
+        try:
+            return not self.undelivered()
+        except OSError:  # the database is not answering yet
+            return False
+
+    def keep(self) -> None:
+        """What a failure is read from, in the test's directory: every tool call's answer
+        (``answers.jsonl``) and, for a database, each log as ``dsh-schedule export``
+        prints it (``exported/``, which must be the log's lines)."""
+        with (self.tmp_path / "answers.jsonl").open("w") as kept:
+            for answer in self.answers:
+                kept.write(json.dumps(answer.__dict__) + "\n")
+        if self.where.url is None:
+            return
+        exported = self.tmp_path / "exported"
+        exported.mkdir()
+        for session in SESSIONS:
+            printed = self.procs.run("export", session)
+            assert printed.returncode == 0, printed.stdout + printed.stderr
+            (exported / f"{session}.jsonl").write_text(printed.stdout)
+            header, lines = self.store.session_lines(session)
+            assert printed.stdout.encode() == b"".join(
+                line + b"\n" for line in (header, *lines)), f"export of {session} differs"
+
+    def check_logs(self) -> subprocess.CompletedProcess[str]:
+        """``dsh-schedule check`` on every log: the JSONL files, or the exported ones."""
+        if self.where.url is None:
+            return self.procs.check(self.sessions)
+        return self.procs.check(self.tmp_path / "exported")
 
     def last_target_ms(self) -> int:
         return max(parse_instant(schedule["scheduledAt"])
@@ -654,7 +738,7 @@ def answer_problems(answers: list[Answer], stories: dict[str, LogStory]) -> list
         if answer.returncode not in (0, 2, 3) or (answer.returncode == 3 and code is None):
             problems.append(f"call crashed or answered nothing usable: {answer.describe()}")
             continue
-        if answer.returncode == 2:  # Redis did not answer within --redis-wait: no call made
+        if answer.returncode == 2:  # Redis or the store did not answer: no call made
             continue
         if answer.returncode == 3 and code not in FAULT_CODES:
             problems.append(f"an error no fault explains: {answer.describe()}")
@@ -735,16 +819,37 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
+@pytest.fixture(params=["jsonl", pytest.param("postgres", marks=pytest.mark.postgres)])
+def chaos_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChaosStore]:
+    """The JSONL store on its small tmpfs (the full-disk window), or the PostgreSQL store
+    on a private server the test crashes (the database window). That server writes what
+    asynchronous commits leave in its memory only every 10 s, so a crash loses every
+    such commit no synchronous one made durable after."""
+    if request.param == "jsonl":
+        sessions = request.getfixturevalue("small_disk")
+        yield ChaosStore(sessions, JsonlStore(sessions), "disk-full")
+        return
+    with private_server(wal_writer_delay="10s", wal_writer_flush_after="0") as database:
+        store = PostgresStore(database.url, timeout_s=2)
+        try:
+            yield ChaosStore(tmp_path / "unused", store, "db-crash", database.url, database)
+        finally:
+            close_store(store)
+            server_log = database.root / "server.log"
+            if server_log.exists():
+                (tmp_path / "postgres.log").write_bytes(server_log.read_bytes())
+
+
 @pytest.mark.timeout(480)
 def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_redis_loss(
-    tmp_path: Path, redis_server: RedisServer, small_disk: Path
+    tmp_path: Path, redis_server: RedisServer, chaos_store: ChaosStore
 ) -> None:
-    run = Run(tmp_path, redis_server, small_disk, _seed())
+    run = Run(tmp_path, redis_server, chaos_store, _seed())
     print(f"chaos seed {run.seed}")
     client = redis_server.client()
     calls: threading.Thread | None = None
     try:
-        plan = _plan(run.rng)
+        plan = _plan(run.rng, chaos_store.fault)
         fixed = run.create_sessions(plan)
         for host in HOSTS:
             run.spawn(host, "host", *SESSIONS)
@@ -773,6 +878,7 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
         run.note(f"settled: {settled}")
         run.sleep(DUPLICATE_WATCH_S)
         print("\n".join(run.timeline))  # shown with -rP, or -s
+        run.keep()
 
         stories = run.stories()
         problems: list[str] = []
@@ -795,7 +901,7 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
         if run.deaths:
             problems.append("processes exited on their own:\n" + "\n".join(run.deaths))
         assert not problems, "\n".join(problems) + "\n" + run.context()
-        checked = run.procs.check(run.sessions)
+        checked = run.check_logs()
         assert checked.returncode == 0, checked.stdout + checked.stderr + run.context()
     finally:
         run.calls_done.set()

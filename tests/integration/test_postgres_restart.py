@@ -31,8 +31,7 @@ from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.store.postgres import PostgresStore
 from dsh_schedule.worker.due import DueOwner
 from dsh_schedule.worker.outcome import WakeOutcome
-from tests.postgres_private import PostgresMissing, PrivateServer
-from tests.postgres_server import in_ci
+from tests.postgres_private import PrivateServer, private_server
 from tests.redis_server import RedisServer
 from tests.support import (
     Processes,
@@ -63,16 +62,6 @@ TIMINGS = {
     "MOVER_INTERVAL": "0.1",
     "RECONCILE_INTERVAL": "2",
 }
-
-
-def private_server(small_disk_mb: int | None = None, **settings: str) -> PrivateServer:
-    """A private server, or the test fails (CI) or is skipped with what is missing."""
-    try:
-        return PrivateServer(small_disk_mb, **settings)
-    except PostgresMissing as exc:
-        if in_ci():
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
 
 
 @pytest.fixture
@@ -187,6 +176,23 @@ def test_a_postgres_restart_mid_burst_loses_nothing_and_duplicates_nothing(
         client.close()
         procs.close()
         store.close()
+
+
+def test_every_flushed_append_survives_a_crash_of_the_server(server: PrivateServer) -> None:
+    # given appends to a session, each flushed (the barrier a tool call answers after)
+    with PostgresStore(server.url, timeout_s=2) as store:
+        session = new_session(store)
+        for seq in range(5):
+            store.append(session, [NewEvent(type=USER_MESSAGE, time=0, data={
+                "content": [{"type": "text", "text": f"m{seq}"}]})], seq)
+            store.flush(session)
+    # when the server crashes: what it had not written to its disk is lost
+    server.crash()
+    server.start()
+    # then every flushed append is there
+    with PostgresStore(server.url, timeout_s=2) as fresh:
+        texts = [e.data["content"][0]["text"] for e in fresh.read(session).events]
+    assert texts == [f"m{seq}" for seq in range(5)]
 
 
 # -- a full disk on the server ----------------------------------------------------------

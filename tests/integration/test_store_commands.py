@@ -19,6 +19,7 @@ from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.naming import close_store, store_from_settings
 from dsh_schedule.shared.store.postgres import PostgresStore
 from tests.adapters.test_store_contract import T0, at_create, header, message
+from tests.redis_server import free_port
 
 pytestmark = pytest.mark.postgres
 
@@ -99,6 +100,20 @@ def test_session_create_and_call_name_a_postgres_store(
     with PostgresStore(postgres_url) as store:
         (event,) = store.read("s1").events
     assert event.type == SCHEDULE_CHANGE
+
+
+def test_call_with_the_store_not_answering_exits_2_and_makes_no_call(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given a PostgreSQL store no server answers (as while the database restarts)
+    monkeypatch.setenv("DSH_SCHEDULE_STORE",
+                       f"postgresql://postgres@127.0.0.1:{free_port()}/postgres")
+    # when a call is made, then it says the store did not answer, as a Redis that does not
+    # answer is said: exit 2, one line, no call made (exit 1 is a crash's or a corrupt log's)
+    assert main(["call", "s1", "schedule_list"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith("dsh-schedule: call: the session store postgresql://postgres@"), said
+    assert "did not answer (" in said and said.endswith("PoolTimeout); no call made"), said
 
 
 def test_a_directory_store_is_the_sessions_directory(tmp_path: Path) -> None:
