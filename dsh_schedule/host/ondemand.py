@@ -173,7 +173,7 @@ class DueLoads:
             self._timers.park(self.queue, dict.fromkeys(loaded))
             # A loaded session's claim goes once its lease is written: until then another
             # host would find it neither live nor claimed.
-            self._timers.release_many([r.session for r in claimed])
+            self._timers.release([r.session for r in claimed])
         finally:
             with self._state:
                 self._loading.difference_update(r.session for r in fresh)
@@ -190,8 +190,8 @@ class DueLoads:
         outcomes = {r.session: "live" for r in requests if self._serves(r.session)}
         asked = [r.session for r in requests if r.session not in outcomes]
         if asked:
-            claims = self._timers.claim_many(asked, self._host, now_ms=self._clock(),
-                                             ttl_ms=self._claim_ms)
+            claims = self._timers.claim(asked, self._host, now_ms=self._clock(),
+                                        ttl_ms=self._claim_ms)
             outcomes.update(zip(asked, claims, strict=True))
         return outcomes
 
