@@ -143,10 +143,11 @@ class DueLoads:
 
     def _read(self, cursor: str) -> str:
         """Read up to ``LOAD_BATCH`` requests and load their sessions, at most
-        ``load_concurrency`` at once, as one batch: their leases are written together when
-        the batch ends and their wakes enqueued in shared jobs (``installing``), so a
-        burst is woken in batched due transactions. Then their timers go (their wakes are
-        their timers now)."""
+        ``load_concurrency`` at once, as one batch: their loads are claimed together (one
+        round trip), their leases written together when the batch ends and their wakes
+        enqueued in shared jobs (``installing``), so a burst is woken in batched due
+        transactions. Then their timers go (their wakes are their timers now) and their
+        claims are released together."""
         cursor, requests = self._timers.read_requests(
             self.queue, cursor, block_ms=int(READ_BLOCK_S * 1000), count=LOAD_BATCH)
         fresh: list[LoadRequest] = []
@@ -158,18 +159,41 @@ class DueLoads:
             fresh.append(request)
         if not fresh:
             return cursor
-        with self._batch():
-            futures = []
-            for request in fresh:
-                self._slots.acquire()
-                futures.append(self._pool.submit(self._answer, request))
-            outcomes = [future.result() for future in futures]
-        loaded = [r.session for r, outcome in zip(fresh, outcomes, strict=True)
-                  if outcome == "loaded"]
-        self._timers.park(self.queue, dict.fromkeys(loaded))
-        for session in loaded:
-            self._timers.release(session)
+        try:
+            outcomes = self._claim(fresh)
+            claimed = [r for r in fresh if outcomes[r.session] == "claimed"]
+            with self._batch():
+                futures = []
+                for request in claimed:
+                    self._slots.acquire()
+                    futures.append(self._pool.submit(self._answer, request))
+                for request, future in zip(claimed, futures, strict=True):
+                    outcomes[request.session] = future.result()
+            loaded = [r.session for r in claimed if outcomes[r.session] == "loaded"]
+            self._timers.park(self.queue, dict.fromkeys(loaded))
+            # A loaded session's claim goes once its lease is written: until then another
+            # host would find it neither live nor claimed.
+            self._timers.release([r.session for r in claimed])
+        finally:
+            with self._state:
+                self._loading.difference_update(r.session for r in fresh)
+        recorder = metrics.get()
+        now_ms = self._clock()
+        for request in fresh:
+            recorder.load_request(outcomes[request.session],
+                                  max(now_ms - request.announced_ms, 0) / 1000)
         return cursor
+
+    def _claim(self, requests: list[LoadRequest]) -> dict[str, str]:
+        """Each request's session: ``live`` when this host serves it, else its claim
+        (``claimed``, ``live`` or ``taken``); one round trip."""
+        outcomes = {r.session: "live" for r in requests if self._serves(r.session)}
+        asked = [r.session for r in requests if r.session not in outcomes]
+        if asked:
+            claims = self._timers.claim(asked, self._host, now_ms=self._clock(),
+                                        ttl_ms=self._claim_ms)
+            outcomes.update(zip(asked, claims, strict=True))
+        return outcomes
 
     @contextmanager
     def _batch(self) -> Iterator[None]:
@@ -189,33 +213,15 @@ class DueLoads:
             block.__exit__(None, None, None)
 
     def _answer(self, request: LoadRequest) -> str:
-        outcome = "failed"
+        """Load a session whose load this host claimed: ``loaded``, ``declined`` or
+        ``failed``."""
         try:
-            outcome = self._load(request)
-            metrics.get().load_request(
-                outcome, max(self._clock() - request.announced_ms, 0) / 1000)
+            return self._claimed(request)
         except Exception as exc:
             log.warning("load request for %s could not be answered: %s", request.session, exc)
+            return "failed"
         finally:
-            with self._state:
-                self._loading.discard(request.session)
             self._slots.release()
-        return outcome
-
-    def _load(self, request: LoadRequest) -> str:
-        session = request.session
-        if self._serves(session):
-            return "live"
-        claim = self._timers.claim(session, self._host, now_ms=self._clock(),
-                                   ttl_ms=self._claim_ms)
-        if claim != "claimed":
-            return claim
-        outcome = self._claimed(request)
-        if outcome != "loaded":
-            self._timers.release(session)
-        # A loaded session's claim is released once its lease is written (``_read``):
-        # until then another host would find it neither live nor claimed.
-        return outcome
 
     def _claimed(self, request: LoadRequest) -> str:
         session = request.session

@@ -237,19 +237,22 @@ class UnloadedTimers:
         newest: Any = self._client.xrevrange(self._keys.load_requests(queue), count=1)
         return _text(newest[0][0]) if newest else REQUESTS_START
 
-    def claim(self, session: str, host: str, *, now_ms: int, ttl_ms: int) -> Claim:
-        """Claim the load of ``session`` for ``host`` for ``ttl_ms``: ``live`` when a live
-        host serves it, ``taken`` when another host claimed it."""
-        reply = _CLAIM.run(
-            self._client,
-            [self._keys.agent_host(), self._keys.hosts(), self._keys.loading(session)],
-            [session, now_ms, host, ttl_ms])
-        result: Claim = _text(reply)  # type: ignore[assignment]  # the script's three words
-        return result
+    def claim(self, sessions: Sequence[str], host: str, *, now_ms: int,
+              ttl_ms: int) -> list[Claim]:
+        """Claim the load of each of ``sessions`` for ``host`` for ``ttl_ms``, in order
+        (one round trip): ``live`` when a live host serves it, ``taken`` when another host
+        claimed it, else ``claimed``."""
+        agent_host, hosts = self._keys.agent_host(), self._keys.hosts()
+        replies = _CLAIM.run_items(self._client, [
+            ([agent_host, hosts, self._keys.loading(session)], [session, now_ms, host, ttl_ms])
+            for session in sessions])
+        return [_text(reply) for reply in replies]  # type: ignore[misc]  # the script's words
 
-    def release(self, session: str) -> None:
-        """Forget a load claim (the load ended, loaded or not)."""
-        self._client.delete(self._keys.loading(session))
+    def release(self, sessions: Sequence[str]) -> None:
+        """Forget the load claims of ``sessions`` (their loads ended, loaded or not): one
+        command per ``PARK_BATCH``."""
+        for start in range(0, len(sessions), PARK_BATCH):
+            self._client.delete(*map(self._keys.loading, sessions[start:start + PARK_BATCH]))
 
     def outstanding(self) -> list[Outstanding]:
         """Per queue with timers: how many timers and requests outstanding (one round

@@ -9,6 +9,12 @@ import shutil
 from pathlib import Path
 
 from dsh_schedule.shared.core.instant import parse_instant
+from dsh_schedule.shared.store.dueindex import (
+    ENTRY_BYTES,
+    Recorded,
+    decode_recorded,
+    encode_recorded,
+)
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.port import DueEntry
 from tests.adapters.test_store_contract import (
@@ -101,3 +107,37 @@ def test_a_scan_leaves_the_cache_as_it_found_it(tmp_path: Path) -> None:
     assert len(reader.due_index()) == 5
     # then: it cached none of them
     assert reader.cache_stats().entries == 0
+
+
+def test_an_entry_overwritten_halfway_is_folded_again(tmp_path: Path) -> None:
+    # given: a current entry, and another entry for the same log (same stamp and length)
+    # with a later due moment, written over its first half only (a write cut short, or
+    # read while it was being made)
+    store = JsonlStore(tmp_path)
+    store.create(header("s1"))
+    store.append("s1", [at_create("r1", when=EARLIER)], 0)
+    path = tmp_path / ".due" / "s1.due"
+    current = decode_recorded(path.read_bytes())
+    assert current is not None and current.due_ms == parse_instant(EARLIER)
+    later = encode_recorded(Recorded(parse_instant(WHEN), current.length, current.stamp))
+    half = later.index(b'"stamp"')
+    path.write_bytes(later[:half] + path.read_bytes()[half:])
+    # then: the mix fails its check and the answer comes from the log, never later
+    fresh = FaultyJsonlStore(tmp_path)
+    assert fresh.due_index() == [DueEntry("s1", parse_instant(EARLIER), 1)]
+    assert fresh.log_opens == 1
+
+
+def test_an_entry_is_overwritten_in_place_at_one_size(tmp_path: Path) -> None:
+    store = JsonlStore(tmp_path)
+    store.create(header("s1"))
+    store.append("s1", [at_create("r1")], 0)
+    path = tmp_path / ".due" / "s1.due"
+    inode = path.stat().st_ino
+    store.append("s1", [at_create("r2", when=EARLIER)], 1)
+    # then: the same file, at the fixed size, and nothing else in the directory
+    assert path.stat().st_ino == inode
+    assert path.stat().st_size == ENTRY_BYTES
+    assert os.listdir(tmp_path / ".due") == ["s1.due"]
+    recorded = decode_recorded(path.read_bytes())
+    assert recorded is not None and recorded.due_ms == parse_instant(EARLIER)

@@ -97,7 +97,7 @@ def appends(root: Path, count: int) -> None:
 
 
 def one_file_rewrite(root: Path, sessions: int, rewrites: int) -> None:
-    entry = encode_recorded(Recorded(1_764_666_000_000, 1, (2049, 123456, 420, 1, 1)))
+    entry = encode_recorded(Recorded(1_764_666_000_000, 1, (2049, 123456, 420, 1, 1))).rstrip()
     body = b"".join(b'"session-%07d":' % i + entry + b",\n" for i in range(sessions))
     started = time.process_time()
     for _ in range(rewrites):

@@ -94,11 +94,13 @@ def test_a_live_session_drops_its_timer_unless_its_lock_is_held(
 def test_one_host_claims_a_load_and_a_live_session_is_a_no_op(
         coord: Coordination, on: Settings) -> None:
     timers = coord.unloaded
-    assert timers.claim("s1", "h1", now_ms=DUE, ttl_ms=10_000) == "claimed"
-    assert timers.claim("s1", "h2", now_ms=DUE, ttl_ms=10_000) == "taken"
-    timers.release("s1")
+    assert timers.claim(["s1", "s2"], "h1", now_ms=DUE, ttl_ms=10_000) == ["claimed", "claimed"]
+    assert timers.claim(["s1"], "h2", now_ms=DUE, ttl_ms=10_000) == ["taken"]
+    timers.release(["s1"])
+    # a batch answers each session in its order
+    assert timers.claim(["s2", "s1"], "h2", now_ms=DUE, ttl_ms=10_000) == ["taken", "claimed"]
     coord.leases.install("h2", ["s1"], on.queue, now_ms=DUE, ttl_s=60)
-    assert timers.claim("s1", "h1", now_ms=DUE, ttl_ms=10_000) == "live"
+    assert timers.claim(["s1"], "h1", now_ms=DUE, ttl_ms=10_000) == ["live"]
 
 
 def test_a_flush_restores_every_timer_from_the_index_without_reading_every_log(
