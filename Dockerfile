@@ -12,9 +12,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/dsh-schedule/venv
 WORKDIR /src
-# The whole context (less .dockerignore): dsh_schedule/shared, dsh_schedule/worker and
-# dsh_schedule/scheduler are links to the top-level folders, which must come along so
-# that the regular (not editable) install below packs real files.
+# The whole context (less .dockerignore): dsh_schedule/ holds every layer as real files
+# (the top-level shared, worker and scheduler are links into it), packed by the regular
+# (not editable) install below.
 COPY . .
 # A lock file, when the repository has one, pins every dependency of the install.
 RUN set -eu; \

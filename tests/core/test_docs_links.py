@@ -23,8 +23,8 @@ from dsh_schedule.shared.core.timecontext import derive_zone_context, implicit_z
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 ARCHITECTURE = DOCS / "architecture.md"
-# Folders that are not the project's own text; os.walk does not follow the linked folders
-# under dsh_schedule/, so every file is read once.
+# Folders that are not the project's own text; os.walk does not follow the top-level links
+# into dsh_schedule/, so every file is read once.
 SKIPPED_DIRS = frozenset({
     ".venv", ".git", "build", "dist", "__pycache__", ".mypy_cache", ".ruff_cache",
     ".hypothesis", ".pytest_cache", ".import_linter_cache",

@@ -250,8 +250,8 @@ def test_dockerignore_sends_the_source_and_not_the_checkout_s_debris() -> None:
         path for path in tracked
         if path.split("/")[0] in ("dsh_schedule", "shared", "worker", "scheduler")
     ]
-    assert {"dsh_schedule/shared", "shared/settings.py", "worker/process.py",
-            "scheduler/process.py"} <= set(needed)
+    assert {"shared", "dsh_schedule/shared/settings.py", "dsh_schedule/worker/process.py",
+            "dsh_schedule/scheduler/process.py"} <= set(needed)
     for path in needed:
         assert in_build_context(path, patterns), f"{path} is left out of the build context"
     for lock in ("requirements.lock", "constraints.txt"):
@@ -297,7 +297,7 @@ def _sessions_in_image() -> str:
 def test_dockerfile_installs_the_project_for_an_unprivileged_user() -> None:
     stages = _dockerfile_stages()
     build, final = stages[0], stages[-1]
-    # The whole context is copied, so the linked folders arrive with dsh_schedule/.
+    # The whole context is copied: dsh_schedule/ with its layers, and the links into it.
     assert ("COPY", ". .") in build
     install = next(args for word, args in build if word == "RUN" and "pip install" in args)
     assert re.search(r"pip install \$constraints \"?\.(\[[\w,-]+\])?\"?( |$)", install)

@@ -1,8 +1,9 @@
 """A regular (not editable) install into a fresh virtual environment
 (docs/architecture.md#layout).
 
-The linked folders ``shared``, ``worker`` and ``scheduler`` must arrive inside the
-package: the distribution installs exactly one top-level name, ``dsh_schedule``.
+The layers ``shared``, ``worker`` and ``scheduler`` (real folders in ``dsh_schedule/``,
+linked from the top level) arrive inside the package: the distribution installs exactly
+one top-level name, ``dsh_schedule``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def test_a_regular_install_has_one_top_level_name_and_a_working_command(
         tmp_path: Path) -> None:
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, symlinks=True, ignore=NOT_SOURCE)
-    assert (source / "dsh_schedule" / "shared").is_symlink()
+    assert (source / "shared").is_symlink()
+    assert not (source / "dsh_schedule" / "shared").is_symlink()
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
