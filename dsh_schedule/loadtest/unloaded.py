@@ -5,7 +5,8 @@ sessions each with one reminder a day ahead, none loaded, served by ``dsh-schedu
 
 It measures how long the host takes, from a cold start, to arm every session's timer
 (the store's index written by its first scan), Redis's bytes per session, the Redis
-commands per second while nothing is due, and a burst: new sessions, never loaded, whose
+commands per second and the processes' cores while nothing is due (and the host's RSS
+then), and a burst: new sessions, never loaded, whose
 reminders fall due in the same second (due → message in the session, and the host's
 peak RSS).
 """
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from dsh_schedule.host.tools import ScheduleTools
-from dsh_schedule.loadtest.process_costs import redis_commands
+from dsh_schedule.loadtest.process_costs import CpuSampler, cores_between, redis_commands
 from dsh_schedule.loadtest.process_runtime import RedisRuntime
 from dsh_schedule.loadtest.runtime import LoadtestError
 from dsh_schedule.loadtest.sessions import SessionTails, reminders, write_sessions
@@ -47,6 +48,11 @@ class UnloadedFigure(msgspec.Struct, frozen=True, kw_only=True):
     arm_s: float | None  # host start -> every timer armed, cold (no index yet)
     redis_bytes_per_session: float | None
     idle_commands_per_s: float
+    # Cores summed over the host, the workers and the scheduler while nothing is due, and
+    # with the redis-server's; the host's RSS then (every timer armed, no session loaded).
+    idle_cores: float | None
+    idle_cores_with_redis: float | None
+    host_idle_rss_bytes: int | None
     burst: int
     burst_created: int
     burst_delivered: int
@@ -80,9 +86,13 @@ def measure_unloaded(open_runtime: Callable[[str, int], RedisRuntime], plan: Pla
         arm_s = round(time.monotonic() - started, 1) if armed_all else None
         armed = int(rt.client.zcard(timers))
         used = int(rt.client.info("memory")["used_memory"])
+        sampler = CpuSampler(rt.client, rt.pids())
+        first = sampler.read()
         before = redis_commands(rt.client)
         rt.sleep(IDLE_WINDOW_S)
         idle = (redis_commands(rt.client) - before - 1) / IDLE_WINDOW_S
+        window = cores_between(first, sampler.read())
+        idle_rss, _hwm = rt.rss("host")
         created, late, create_s = _burst(rt, plan, progress)
         _rss, hwm = rt.rss("host")
     finally:
@@ -91,8 +101,18 @@ def measure_unloaded(open_runtime: Callable[[str, int], RedisRuntime], plan: Pla
         sessions=n, armed=armed, arm_s=arm_s,
         redis_bytes_per_session=round((used - empty) / n, 1) if n else None,
         idle_commands_per_s=round(idle, 2), host_peak_rss_bytes=hwm,
+        idle_cores=_summed(window.cores, with_redis=False),
+        idle_cores_with_redis=_summed(window.cores, with_redis=True),
+        host_idle_rss_bytes=idle_rss,
         burst=plan.unloaded_burst, burst_created=created, burst_delivered=len(late),
         burst_session=latency(late), burst_create_s=create_s)
+
+
+def _summed(cores: dict[str, float | None], *, with_redis: bool) -> float | None:
+    """The cores of the processes (and the redis-server's), summed; None if one is
+    unknown."""
+    picked = [c for name, c in cores.items() if with_redis or name != "redis-server"]
+    return None if any(c is None for c in picked) else round(sum(c or 0.0 for c in picked), 4)
 
 
 def _burst(rt: RedisRuntime, plan: Plan, progress: Progress) -> tuple[int, list[int], float]:

@@ -391,3 +391,5 @@ def test_the_unloaded_phase_arms_every_timer_and_delivers_every_burst_reminder(
     assert unloaded["burst_created"] == unloaded["burst_delivered"] == unloaded["burst"] == 10
     assert unloaded["burst_session"]["count"] == 10
     assert unloaded["host_peak_rss_bytes"] > 0
+    assert 0 < unloaded["host_idle_rss_bytes"] <= unloaded["host_peak_rss_bytes"]
+    assert 0 <= unloaded["idle_cores"] <= unloaded["idle_cores_with_redis"]
