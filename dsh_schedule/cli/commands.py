@@ -26,6 +26,7 @@ from dsh_schedule.terminal import shown_json, terminal_text
 
 if TYPE_CHECKING:
     from dsh_schedule.host.gate import Delivery
+    from dsh_schedule.host.tools import ScheduleTools
     from dsh_schedule.shared.settings import Settings
     from dsh_schedule.shared.store.port import SessionStore
 
@@ -178,7 +179,33 @@ def _call(args: argparse.Namespace, settings: Settings, store: SessionStore,
     result = tools.call(args.session, args.tool, arguments)
     # A prompt may hold what JSON leaves raw: escaped for a terminal only.
     print(shown_json(result.content, sys.stdout))
+    repay_before_exit(tools, args.redis_wait)
     return EXIT_TOOL_ERROR if result.is_error else 0
+
+
+def repay_before_exit(tools: ScheduleTools, wait_s: float | None) -> bool:
+    """A one-shot process forgets what it owes when it exits: a re-arm that failed after
+    the log was written is tried again, backing off, for up to ``wait_s`` seconds (None:
+    until Redis answers), and said on stderr when it still failed
+    (docs/architecture.md#owed-re-arms). Whether nothing is owed any more."""
+    import time
+
+    import redis
+
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    pause = 0.1
+    while tools.owed.owed():
+        try:
+            tools.repay_owed()
+        except redis.RedisError:
+            if deadline is not None and time.monotonic() + pause > deadline:
+                print("dsh-schedule call: Redis did not take the wake of the session's"
+                      " reminders; they wait for its next wake, tool call or host look"
+                      " (docs/architecture.md#owed-re-arms)", file=sys.stderr)
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+    return True
 
 
 # -- long-running processes -----------------------------------------------------------

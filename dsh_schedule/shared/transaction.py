@@ -34,10 +34,12 @@ from dsh_schedule.shared.core.errors import (
     PersistenceError,
     ScheduleError,
 )
+from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.events import Event, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
 from dsh_schedule.shared.logging_setup import add_log_context, log_context
 from dsh_schedule.shared.store import flushing
+from dsh_schedule.shared.store.codec import number_events
 from dsh_schedule.shared.store.flushing import append_durably, flush_each
 from dsh_schedule.shared.store.port import SessionStore
 
@@ -180,6 +182,24 @@ class PersistenceUncertain(ScheduleError):
 # -- the engine ----------------------------------------------------------------------------
 
 
+def either_outcome(read: Read, events: Sequence[NewEvent], now_ms: int) -> FoldState:
+    """What to re-arm from when an append's outcome is unknown (a reply lost after the
+    write, a failed barrier): of the fold without the events and the fold with them, the
+    one whose wake comes first. The wake re-reads the log, so it is early at worst; armed
+    from the fold without them, a create that did land would never be woken for
+    (docs/architecture.md#outages)."""
+    try:
+        landed = fold_events(read.state, number_events(events, read.length))
+    except ScheduleError:
+        return read.state
+
+    def wake_ms(state: FoldState) -> float:
+        at = next_wake_ms(state, now_ms)
+        return float("inf") if at is None else at
+
+    return min((read.state, landed), key=wake_ms)
+
+
 class LogTransactions:
     """The fenced transactions on the session logs of ``store``, coordinated by ``coord``.
 
@@ -317,7 +337,8 @@ class LogTransactions:
             log.warning("preflight failed for %s: %s", agent, exc.reason)
             raise PersistenceUncertain() from None
         latest.append(read.state)
-        decision = decide(read, self._clock())
+        now_ms = self._clock()
+        decision = decide(read, now_ms)
         if not decision.events:
             return decision.then(read.state)
         if decision.subject is not None:
@@ -326,9 +347,11 @@ class LogTransactions:
             appended, unconfirmed = self.append_durably(agent, read, decision.events)
         except PersistenceError as exc:
             log.warning("append failed for %s: %s", agent, exc.reason)
+            latest.append(either_outcome(read, decision.events, now_ms))
             raise PersistenceUncertain() from None
         if unconfirmed is not None:
             log.warning("barrier failed for %s: %s", agent, unconfirmed.reason)
+            latest.append(either_outcome(read, decision.events, now_ms))
             raise PersistenceUncertain(decision.subject) from None
         after = fold_events(read.state, appended)
         latest.append(after)

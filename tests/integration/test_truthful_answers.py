@@ -3,17 +3,20 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import fakeredis
 import pytest
 
+from dsh_schedule.cli.commands import repay_before_exit
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.coordination.agents import Coordination
+from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event, NewEvent
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
-from tests.support import FakeClock, new_session, value
+from tests.support import T0, FakeClock, new_session, value
 
 
 class CutAfterAppend(MemoryStore):
@@ -94,3 +97,104 @@ def test_redis_gone_before_anything_was_written_still_answers_internal_error(
 
     assert value(result.content)["code"] == "internal_error"
     assert _changes(store, session) == []
+
+
+class ReplyLost(MemoryStore):
+    """A store whose next ``schedule/change`` append is written and then raises, as a
+    database does whose reply was lost after it committed (``lands``), or raises
+    without writing (not ``lands``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose: bool | None = None  # None: no fault; else whether the append lands
+
+    def append(
+        self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+    ) -> tuple[Event, ...]:
+        lands, self.lose = self.lose, None
+        if lands is None or not any(e.type == SCHEDULE_CHANGE for e in events):
+            return super().append(session_id, events, expected_seq)
+        if lands:
+            super().append(session_id, events, expected_seq)
+        raise PersistenceError("the reply was lost")
+
+
+def armed_wakes_s(client: fakeredis.FakeRedis, coordination: Coordination) -> list[float]:
+    """The moments (epoch seconds) of the wakes armed in rq-scheduler's schedule."""
+    return [score for _, score in
+            client.zrange(coordination.keys.scheduled_jobs(), 0, -1, withscores=True)]
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
+def test_a_create_whose_outcome_is_unknown_is_woken_for_if_it_landed(
+    settings: Settings, lands: bool
+) -> None:
+    # given a live agent with nothing scheduled, and an append whose reply is lost
+    store, clock = ReplyLost(), FakeClock()
+    session = new_session(store)
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    coordination = Coordination(client, settings)
+    coordination.leases.install("host", [session], settings.queue, now_ms=clock(), ttl_s=600)
+    tools = ScheduleTools(store, coordination, settings, clock)
+    store.lose = lands
+
+    # when the model creates a reminder due in a minute
+    result = tools.call(session, "schedule_create", {"prompt": "stretch", "after_seconds": 60})
+
+    # then the answer is uncertain, and a wake is armed no later than the reminder's
+    # moment: whether or not it landed, the wake reads the log and decides
+    assert value(result.content)["code"] == "persistence_uncertain"
+    assert [c["operation"] for c in _changes(store, session)] == (["create"] if lands else [])
+    assert armed_wakes_s(client, coordination) == [(clock() + 60_000) // 1000]
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
+def test_a_delete_whose_outcome_is_unknown_keeps_the_wake_of_the_reminder(
+    settings: Settings, lands: bool
+) -> None:
+    # given a live agent with a reminder due in a minute, and a delete whose reply is lost
+    store, clock = ReplyLost(), FakeClock()
+    session = new_session(store)
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    coordination = Coordination(client, settings)
+    coordination.leases.install("host", [session], settings.queue, now_ms=clock(), ttl_s=600)
+    tools = ScheduleTools(store, coordination, settings, clock)
+    assert not tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60}).is_error
+    store.lose = lands
+
+    # when the model deletes it
+    result = tools.call(session, "schedule_delete", {"id": "schedule-1"})
+
+    # then the wake stays at the reminder's moment: had the delete not landed, a wake
+    # armed from the log without the reminder would lose it
+    assert value(result.content)["code"] == "persistence_uncertain"
+    assert armed_wakes_s(client, coordination) == [(clock() + 60_000) // 1000]
+
+
+@pytest.mark.parametrize("back", [True, False], ids=["redis-back", "redis-still-gone"])
+def test_a_one_shot_call_tries_its_owed_re_arm_again_before_it_exits(
+    server: fakeredis.FakeServer, settings: Settings, back: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # given a live agent whose create was written and whose re-arm then failed
+    store = CutAfterAppend(server)
+    session = new_session(store)
+    client = fakeredis.FakeRedis(server=server)
+    coordination = Coordination(client, settings)
+    coordination.leases.install("host", [session], settings.queue, now_ms=T0, ttl_s=600)
+    tools = ScheduleTools(store, coordination, settings, FakeClock())
+    assert not tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60}).is_error
+    assert tools.owed.owed() == [session]
+
+    # when `dsh-schedule call` is about to exit, and Redis answers again (or not)
+    if back:
+        threading.Timer(0.3, lambda: setattr(server, "connected", True)).start()
+    repaid = repay_before_exit(tools, 2.0 if back else 0.5)
+
+    # then the agent is woken before the process exits, or the process says it was not
+    assert repaid is back
+    assert (tools.owed.owed() == []) is back
+    said = capsys.readouterr().err
+    assert ("did not take the wake" in said) is not back
+    if back:
+        assert client.llen(f"rq:queue:{settings.queue}") == 1
