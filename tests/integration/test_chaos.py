@@ -301,6 +301,15 @@ class Answer:
                 f" {self.returncode}: {self.output.strip()[:300]}")
 
 
+def how_created(answers: list[Answer], session: str, create: dict[str, Any]) -> str:
+    """The call that made a reminder, and what it answered (a lost reminder's story)."""
+    for answer in answers:
+        if (answer.session, answer.tool, answer.args.get("prompt")) == (
+                session, "schedule_create", create["prompt"]):
+            return f"{answer.describe()} (called {answer.started_ms}..{answer.ended_ms})"
+    return "written into the log by the test"
+
+
 # Error codes a call may answer while Redis or the disk fails; the log decides what happened.
 FAULT_CODES = {"internal_error", "persistence_uncertain"}
 
@@ -886,11 +895,13 @@ def test_every_reminder_is_delivered_exactly_once_through_crashes_pauses_and_red
             delivered, dispatched = story.delivered(), story.dispatched()
             for schedule_id in sorted(story.creates):
                 want = 0 if schedule_id in story.deleted else 1
+                create = story.creates[schedule_id]
                 if delivered[schedule_id] != want or dispatched[schedule_id] != want:
                     problems.append(f"{session} {schedule_id}"
-                                    f" ({story.creates[schedule_id]['prompt']}): delivered"
+                                    f" ({create['prompt']}): delivered"
                                     f" {delivered[schedule_id]}x, dispatched"
-                                    f" {dispatched[schedule_id]}x, want {want}")
+                                    f" {dispatched[schedule_id]}x, want {want};"
+                                    f" {how_created(run.answers, session, create)}")
             problems += [f"{session} {p}" for p in story.ordering_problems()]
         problems += run.early_by_true_time(stories)
         for session, schedule_id in fixed.items():
