@@ -258,14 +258,21 @@ def test_nothing_is_dispatched_during_a_turn_and_it_arrives_after(cluster: Clust
     assert len(dispatch_records(cluster.store, session)) == 1
 
 
+COLD_DUE_S = 4
+
+
 def test_cold_session_keeps_its_record_until_installed_again(cluster: Cluster) -> None:
     session = cluster.session()
     cluster.spawn("worker")
     cluster.spawn("scheduler")
     cluster.start_host(session)
-    cluster.call(session, "schedule_create", {"prompt": "x", "after_seconds": 1})
+    # due well after the host's stop has ended on a loaded machine (1 s raced it)
+    due_after = time.monotonic() + COLD_DUE_S
+    cluster.call(session, "schedule_create", {"prompt": "x", "after_seconds": COLD_DUE_S})
+    due_by = time.monotonic() + COLD_DUE_S
     cluster.stop_host(dispose=True)  # the session goes cold: no lease
-    time.sleep(3.5)
+    assert time.monotonic() < due_after, "the host's stop outlasted the reminder's delay"
+    time.sleep(due_by + 2.5 - time.monotonic())
     assert len(dispatch_records(cluster.store, session)) == 0
     _session, state = cluster.store.load(session)
     assert [r.id for r in state.active] == ["schedule-1"]
