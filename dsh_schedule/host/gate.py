@@ -128,8 +128,8 @@ class _Decided:
 
     def __init__(self) -> None:
         self.delivered: dict[str, Delivery] = {}
-        self.delivered_entry: dict[str, str] = {}  # the entry id each delivery came from
-        self.entries: list[tuple[str, str]] = []  # (agent, entry id) to acknowledge
+        # (agent, entry id) to acknowledge, in order: a delivery's entry is its agent's last
+        self.entries: list[tuple[str, str]] = []
         self.again: list[str] = []
         self.busy: list[str] = []
         self.failed: list[str] = []
@@ -284,7 +284,8 @@ class DeliveryGate:
             _unconfirmed(agent, exc)
             # The turn runs; the entry that delivered it (the agent's last decided) stays
             # unacknowledged for its next gate, after a backoff (the store is failing now).
-            decided.entries.remove((agent, decided.delivered_entry[agent]))
+            last = max(i for i, (held, _) in enumerate(decided.entries) if held == agent)
+            del decided.entries[last]
             if agent in decided.again:
                 decided.again.remove(agent)
             self._failures.failed(agent)
@@ -305,7 +306,6 @@ class DeliveryGate:
                 left -= 1
                 if delivery is not None:
                     decided.delivered[agent] = delivery
-                    decided.delivered_entry[agent] = entry.entry_id
                     break
         except Exception as exc:
             if is_outage(exc):
