@@ -128,8 +128,8 @@ class _Decided:
 
     def __init__(self) -> None:
         self.delivered: dict[str, Delivery] = {}
-        self.delivered_entry: dict[str, str] = {}  # the entry id each delivery came from
-        self.entries: list[tuple[str, str]] = []  # (agent, entry id) to acknowledge
+        # (agent, entry id) to acknowledge, in order: a delivery's entry is its agent's last
+        self.entries: list[tuple[str, str]] = []
         self.again: list[str] = []
         self.busy: list[str] = []
         self.failed: list[str] = []
@@ -284,7 +284,8 @@ class DeliveryGate:
             _unconfirmed(agent, exc)
             # The turn runs; the entry that delivered it (the agent's last decided) stays
             # unacknowledged for its next gate, after a backoff (the store is failing now).
-            decided.entries.remove((agent, decided.delivered_entry[agent]))
+            last = max(i for i, (held, _) in enumerate(decided.entries) if held == agent)
+            del decided.entries[last]
             if agent in decided.again:
                 decided.again.remove(agent)
             self._failures.failed(agent)
@@ -298,14 +299,14 @@ class DeliveryGate:
         left = len(read.entries)
         try:
             for entry in read.entries:
-                delivery = self._gate_held(agent, entry, own_flushes=False, first=first)
+                # No barrier is run without own_flushes: the caller runs the round's.
+                delivery, _ = self._gate_held(agent, entry, own_flushes=False, first=first)
                 first = None  # the next entry's gate reads the log itself
                 self._failures.ended(agent)
                 decided.entries.append((agent, entry.entry_id))
                 left -= 1
                 if delivery is not None:
                     decided.delivered[agent] = delivery
-                    decided.delivered_entry[agent] = entry.entry_id
                     break
         except Exception as exc:
             if is_outage(exc):
@@ -326,24 +327,24 @@ class DeliveryGate:
         whether the log that decided it is durable (False: the barrier flush after the
         delivery failed, so the entry must not be acknowledged yet)."""
         with self._tx.hold(agent, wait_s=self._settings.tool_lock_wait_s):
-            delivery = self._gate_held(agent, entry, own_flushes=True)
-            if delivery is None:
-                return None, True
-            for failed in self._tx.barrier([agent]).values():
-                _unconfirmed(agent, failed)
+            delivery, unconfirmed = self._gate_held(agent, entry, own_flushes=True)
+            if unconfirmed is not None:
+                _unconfirmed(agent, unconfirmed)
                 return delivery, False
             return delivery, True
 
     def _gate_held(
         self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
         first: Read | None = None,
-    ) -> Delivery | None:
-        """The gate for one entry, the agent's lock held. ``own_flushes``: flush before
-        deciding; without it the caller does, for many agents at once. The caller runs
-        the barrier flush after a delivery."""
+    ) -> tuple[Delivery | None, PersistenceError | None]:
+        """The gate for one entry, the agent's lock held: what it delivered, and the
+        failure of its barrier flush (None: durable, or none run). ``own_flushes``: flush
+        before deciding, and run a delivery's barrier in the append's own write
+        (``append_durably``); without it the caller does both, for many agents at once."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
-            delivery = self._deliver(agent, entry, own_flushes=own_flushes, first=first)
+            delivery, unconfirmed = self._deliver(agent, entry, own_flushes=own_flushes,
+                                                  first=first)
         recorder = metrics.get()
         if recorder.enabled:
             if delivery is None:
@@ -353,12 +354,14 @@ class DeliveryGate:
                 occurrences = [pair.occurrenceAt for pair in entry.pairs]
                 appended_ms = delivery.events[-1].time if delivery.events else self._clock()
                 recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
-        return delivery
+        return delivery, unconfirmed
 
     def _deliver(self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
-                 first: Read | None = None) -> Delivery | None:
+                 first: Read | None = None
+                 ) -> tuple[Delivery | None, PersistenceError | None]:
         """Append the entry as the user/message of a new turn if the log says it is due
-        for delivery; None when it is to be dropped. A fence conflict re-decides."""
+        for delivery (None when it is to be dropped), with the barrier's failure when
+        ``own_flushes`` runs it. A fence conflict re-decides."""
 
         def decide(read: Read) -> tuple[NewEvent, ...] | None:
             if not deliverable(entry, read):
@@ -369,12 +372,15 @@ class DeliveryGate:
         # A caller that flushes has flushed already; a retry flushes anew, to confirm the
         # conflicting writer's suffix.
         written = self._tx.fenced(agent, decide, what=f"delivery for {agent}",
-                                  flush=lambda n: own_flushes or n > 0, first=first)
+                                  flush=lambda n: own_flushes or n > 0, first=first,
+                                  durably=own_flushes)
         if written is None:
-            return None
-        read, appended = written
+            return None, None
+        read, appended, unconfirmed = written
         log.info("delivered followup %s for %s", entry.entry_id, agent)
-        return Delivery(text=entry.text, pairs=entry.pairs, turn=read.length, events=appended)
+        delivery = Delivery(text=entry.text, pairs=entry.pairs, turn=read.length,
+                            events=appended)
+        return delivery, unconfirmed
 
 
 def _unconfirmed(agent: str, exc: PersistenceError) -> None:

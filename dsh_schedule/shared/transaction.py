@@ -281,21 +281,27 @@ class LogTransactions:
     def fenced(
         self, agent: str, decide: Callable[[Read], Sequence[NewEvent] | None], *,
         what: str, flush: Callable[[int], bool], first: Read | None = None,
-    ) -> tuple[Read, tuple[Event, ...]] | None:
-        """Read, decide, append fenced, with the retry: the read the append was fenced at
-        and the events appended; None when the decision writes nothing. ``flush(n)``:
-        whether attempt ``n`` flushes before it reads (a retry does, to confirm the
-        conflicting writer's suffix). ``first``: the first attempt's read, when the
-        caller has one (read with others under their locks: the fence checks it)."""
+        durably: bool = False,
+    ) -> tuple[Read, tuple[Event, ...], PersistenceError | None] | None:
+        """Read, decide, append fenced, with the retry: the read the append was fenced at,
+        the events appended and the barrier's failure (None: durable, or no barrier);
+        None when the decision writes nothing. ``flush(n)``: whether attempt ``n``
+        flushes before it reads (a retry does, to confirm the conflicting writer's
+        suffix). ``first``: the first attempt's read, when the caller has one (read with
+        others under their locks: the fence checks it). ``durably``: the append is
+        ``append_durably``, with the barrier of that agent; without it the caller runs
+        the barrier."""
 
-        def attempt(n: int) -> tuple[Read, tuple[Event, ...]] | None:
+        def attempt(n: int) -> tuple[Read, tuple[Event, ...], PersistenceError | None] | None:
             if flush(n):
                 self._store.flush(agent)
             read = first if n == 0 and first is not None else self.load(agent)
             events = decide(read)
             if events is None:
                 return None
-            return read, self.append(agent, read, events)
+            if durably:
+                return read, *self.append_durably(agent, read, events)
+            return read, self.append(agent, read, events), None
 
         return retry_fenced(what, attempt)
 
