@@ -223,7 +223,8 @@ class DeliveryGate:
         delivery each, with the round trips shared: their streams read in one or two
         pipelined calls (``Followups.read_streams``), their free locks taken together,
         every decided entry acknowledged together. Each entry still passes the gate on
-        its own, under its agent's lock, with its own fenced append and barrier flush. An
+        its own, under its agent's lock, with its own fenced append; the round's barrier
+        flushes run together, before any entry is acknowledged. An
         agent whose lock was busy (a due transaction is finishing) is then served alone,
         waiting for its lock as ``deliver_next`` does. Call again with ``again`` until it
         is empty."""
