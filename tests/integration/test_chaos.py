@@ -60,6 +60,7 @@ import redis
 from dsh_schedule.shared.clock import SKEW_ENV
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
+from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import format_instant, parse_instant
 from dsh_schedule.shared.core.records import (
@@ -105,6 +106,7 @@ SKEWS_S = (-90, -30, 0, 30, 90)  # wall-clock skews, shared out among the proces
 REDIS_DOWN_S = (28.0, 32.0)
 WINDOW_S = (9.0, 11.0)  # an error-reply or full-disk window lasts this long
 DISK_MB = 64  # the sessions' tmpfs
+STORE_BACK_S = 60  # how long the test's own reads wait for a restarted database
 FILLER = ".chaos-filler"  # the file that fills it, in the sessions directory
 # How Redis is made to answer every write with an error reply, and how it is restored.
 REFUSALS = {
@@ -329,8 +331,16 @@ class ChaosStore:
         """What the session's log holds now, read from where the processes write it."""
         if isinstance(self.store, JsonlStore):
             return LogStory.read(self.store.path(session))
-        header, lines = self.store.session_lines(session)
-        return LogStory.of_lines([header, *lines])
+        # The test's own pool reconnects after a crash window with its own backoff.
+        deadline = time.monotonic() + STORE_BACK_S
+        while True:
+            try:
+                header, lines = self.store.session_lines(session)
+                return LogStory.of_lines([header, *lines])
+            except PersistenceError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
 
 class Run:
