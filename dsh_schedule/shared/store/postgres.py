@@ -35,7 +35,7 @@ and their durability in ``postgres_appending``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from dsh_schedule.shared.core.due import next_due_moment_ms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
@@ -68,7 +68,6 @@ from dsh_schedule.shared.store.postgres_schema import (
     SCHEMA,
     SCHEMA_VERSION,
     SESSIONS,
-    TAIL_MANY,
     new_token,
     row_key,
 )
@@ -212,20 +211,14 @@ class PostgresStore(PostgresAppending):
         # ``_catch_up`` for every session at once: one query, each from its cached length.
         cached = {session_id: self._cache.get(session_id) for session_id in ready}
         tails = {session_id: tail_from(entry) for session_id, entry in cached.items()}
-        keys = [row_key(session_id) for session_id in ready]
-        found: dict[str, list[tuple[Any, ...]]] = {key: [] for key in keys}
         try:
-            with self._connection(f"read {len(keys)} sessions") as conn:
-                for row in conn.execute(TAIL_MANY, {
-                        "ids": keys, "froms": [start - 1 if last is not None else start
-                                               for start, last in tails.values()]}):
-                    found[row[0]].append(row[1:])
+            found = self._read_tails(f"read {len(tails)} sessions", tails)
         except PersistenceError as exc:
             return {**loaded, **dict.fromkeys(ready, exc)}
         for session_id, entry in cached.items():
             try:
                 fed = self._feed_tail(session_id, entry, *tails[session_id],
-                                      found[row_key(session_id)])
+                                      found[session_id])
                 with fed.lock:
                     loaded[session_id] = (self._session(session_id, fed), fed.digest.fold())
             except Exception as exc:  # that session's alone (a missing or broken log)

@@ -31,7 +31,7 @@ from dsh_schedule.shared.store.postgres_outage import (
 from dsh_schedule.shared.store.postgres_schema import (
     RANGE,
     SCHEMA_VERSION,
-    TAIL,
+    TAIL_MANY,
     database_version,
     migrate_database,
     row_key,
@@ -162,18 +162,28 @@ class PostgresReading:
     def _catch_up(self, session_id: str) -> SessionEntry:
         """The session's entry, with every committed row fed to it (one query)."""
         entry = self._cache.get(session_id)
-        start, last = tail_from(entry)
-        with self._connection(f"read session {session_id!r}") as conn:
-            rows = conn.execute(TAIL, {"id": row_key(session_id),
-                                        "from": start - 1 if last is not None else start}
-                                ).fetchall()
-        return self._feed_tail(session_id, entry, start, last, rows)
+        tail = tail_from(entry)
+        rows = self._read_tails(f"read session {session_id!r}", {session_id: tail})
+        return self._feed_tail(session_id, entry, *tail, rows[session_id])
+
+    def _read_tails(self, what: str, tails: dict[str, tuple[int, bytes | None]]
+                    ) -> dict[str, list[tuple[Any, ...]]]:
+        """Each session's row and its rows from where ``tails`` (``tail_from``) says, read
+        in one query; ``PersistenceError`` when it fails (``what``: what it was for)."""
+        keys = {row_key(session_id): session_id for session_id in tails}
+        found: dict[str, list[tuple[Any, ...]]] = {session_id: [] for session_id in tails}
+        with self._connection(what) as conn:
+            for row in conn.execute(TAIL_MANY, {
+                    "ids": list(keys), "froms": [start - 1 if last is not None else start
+                                                 for start, last in tails.values()]}):
+                found[keys[row[0]]].append(row[1:])
+        return found
 
     def _feed_tail(self, session_id: str, entry: SessionEntry | None, start: int,
                    last: bytes | None, rows: Sequence[tuple[Any, ...]]) -> SessionEntry:
-        """Feed the rows a catch-up read (``TAIL``'s columns) from where ``entry``, the
+        """Feed the rows a catch-up read (``_read_tails``) from where ``entry``, the
         cached entry it started from, stood before the query (``start``, ``last``:
-        ``_tail_from``) to the session's entry; that entry."""
+        ``tail_from``) to the session's entry; that entry."""
         if not rows:
             raise missing_session(session_id)
         token, header_line, length = int(rows[0][0]), bytes(rows[0][1]), int(rows[0][2])

@@ -62,20 +62,15 @@ FROM fenced, unnest(%(seqs)s::bigint[], %(lines)s::bytea[]) AS t (seq, line)
 WHERE CASE WHEN %(durable)s THEN set_config('synchronous_commit', 'on', true) = 'on'
     ELSE true END
 """
-# The session row and the rows from ``from`` on, in one statement (one snapshot).
-TAIL: Final = f"""
-SELECT s.token, s.header, s.length, e.seq, e.line
-FROM {SESSIONS} s
-LEFT JOIN {EVENTS} e ON e.session_id = s.id AND e.seq >= %(from)s AND e.seq < s.length
-WHERE s.id = %(id)s
-ORDER BY e.seq
-"""
-# ``TAIL`` for many sessions at once, each from its own seq, the session id first.
+# Each session's row and its rows from its own seq on, in one statement (one snapshot),
+# the session id first. The events are joined on ``w.id``, not ``s.id``: so the planner
+# bounds their index scan by ``w.from_seq`` too, instead of reading every row of a
+# session and filtering.
 TAIL_MANY: Final = f"""
 SELECT s.id, s.token, s.header, s.length, e.seq, e.line
 FROM unnest(%(ids)s::text[], %(froms)s::bigint[]) AS w (id, from_seq)
 JOIN {SESSIONS} s ON s.id = w.id
-LEFT JOIN {EVENTS} e ON e.session_id = s.id AND e.seq >= w.from_seq AND e.seq < s.length
+LEFT JOIN {EVENTS} e ON e.session_id = w.id AND e.seq >= w.from_seq AND e.seq < s.length
 ORDER BY s.id, e.seq
 """
 RANGE: Final = f"""
