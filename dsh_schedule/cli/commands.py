@@ -107,26 +107,29 @@ def cmd_session(args: argparse.Namespace) -> int:
     from dsh_schedule.shared.core.events import SessionHeader
     from dsh_schedule.shared.core.timesel import load_zone
     from dsh_schedule.shared.store.jsonl import JsonlStore
-    from dsh_schedule.shared.store.naming import store_from_settings
+    from dsh_schedule.shared.store.naming import close_store, store_from_settings
 
     settings = settings_of(args)
+    if args.session_command == "create" and args.time_zone is not None:
+        load_zone(args.time_zone)
     store = store_from_settings(settings)
-    if args.session_command == "create":
-        if args.time_zone is not None:
-            load_zone(args.time_zone)
-        # A mistyped --sessions would otherwise hide the session in a new directory.
-        root = store.root if isinstance(store, JsonlStore) else None
-        new_directory = root is not None and not root.is_dir()
-        store.create(
-            SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
-        )
-        if new_directory:
-            print(f"dsh-schedule: created the sessions directory "
-                  f"'{terminal_text(str(root))}'", file=sys.stderr)
-        print(terminal_text(args.id))
-    else:
-        header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())
-        print(f"{terminal_text(header.id)} (seedLength {header.seedLength})")
+    try:
+        if args.session_command == "create":
+            # A mistyped --sessions would otherwise hide the session in a new directory.
+            root = store.root if isinstance(store, JsonlStore) else None
+            new_directory = root is not None and not root.is_dir()
+            store.create(
+                SessionHeader(id=args.id, createdAt=wall_clock_ms(), timeZone=args.time_zone)
+            )
+            if new_directory:
+                print(f"dsh-schedule: created the sessions directory "
+                      f"'{terminal_text(str(root))}'", file=sys.stderr)
+            print(terminal_text(args.id))
+        else:
+            header = store.fork(args.parent, args.child, created_at_ms=wall_clock_ms())
+            print(f"{terminal_text(header.id)} (seedLength {header.seedLength})")
+    finally:
+        close_store(store)
     return 0
 
 
@@ -255,11 +258,15 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     report = rebuild(coordination, settings, now_ms=coordination.clock())
     shown: dict[str, object] = {"woken": list(report.woken), "retired": list(report.retired)}
     if settings.wake_unloaded:
-        from dsh_schedule.shared.store.naming import store_from_settings
+        from dsh_schedule.shared.store.naming import close_store, store_from_settings
 
         # The timers of unloaded sessions, from the store's index of next due moments.
-        shown["unloadedTimers"] = coordination.unloaded.rebuild(
-            store_from_settings(settings), settings.queue, now_ms=coordination.clock())
+        store = store_from_settings(settings)
+        try:
+            shown["unloadedTimers"] = coordination.unloaded.rebuild(
+                store, settings.queue, now_ms=coordination.clock())
+        finally:
+            close_store(store)
     dump(shown)
     note = rebuild_note(report, settings)
     if note is not None:
