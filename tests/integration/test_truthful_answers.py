@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import fakeredis
 import pytest
@@ -119,10 +119,21 @@ class ReplyLost(MemoryStore):
         raise PersistenceError("the reply was lost")
 
 
-def armed_wakes_s(client: fakeredis.FakeRedis, coordination: Coordination) -> list[float]:
-    """The moments (epoch seconds) of the wakes armed in rq-scheduler's schedule."""
-    return [score for _, score in
-            client.zrange(coordination.keys.scheduled_jobs(), 0, -1, withscores=True)]
+def live_tools(
+    store: MemoryStore, clock: FakeClock, settings: Settings
+) -> tuple[str, ScheduleTools, Callable[[], list[float]]]:
+    """A session whose agent is live on an in-process Redis, the tools on it, and what
+    reads the moments (epoch seconds) of the wakes armed in rq-scheduler's schedule."""
+    session = new_session(store)
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    coordination = Coordination(client, settings)
+    coordination.leases.install("host", [session], settings.queue, now_ms=clock(), ttl_s=600)
+
+    def armed() -> list[float]:
+        scheduled = coordination.keys.scheduled_jobs()
+        return [score for _, score in client.zrange(scheduled, 0, -1, withscores=True)]
+
+    return session, ScheduleTools(store, coordination, settings, clock), armed
 
 
 @pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
@@ -131,11 +142,7 @@ def test_a_create_whose_outcome_is_unknown_is_woken_for_if_it_landed(
 ) -> None:
     # given a live agent with nothing scheduled, and an append whose reply is lost
     store, clock = ReplyLost(), FakeClock()
-    session = new_session(store)
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    coordination = Coordination(client, settings)
-    coordination.leases.install("host", [session], settings.queue, now_ms=clock(), ttl_s=600)
-    tools = ScheduleTools(store, coordination, settings, clock)
+    session, tools, armed = live_tools(store, clock, settings)
     store.lose = lands
 
     # when the model creates a reminder due in a minute
@@ -145,7 +152,7 @@ def test_a_create_whose_outcome_is_unknown_is_woken_for_if_it_landed(
     # moment: whether or not it landed, the wake reads the log and decides
     assert value(result.content)["code"] == "persistence_uncertain"
     assert [c["operation"] for c in _changes(store, session)] == (["create"] if lands else [])
-    assert armed_wakes_s(client, coordination) == [(clock() + 60_000) // 1000]
+    assert armed() == [(clock() + 60_000) // 1000]
 
 
 @pytest.mark.parametrize("lands", [True, False], ids=["landed", "not-landed"])
@@ -154,11 +161,7 @@ def test_a_delete_whose_outcome_is_unknown_keeps_the_wake_of_the_reminder(
 ) -> None:
     # given a live agent with a reminder due in a minute, and a delete whose reply is lost
     store, clock = ReplyLost(), FakeClock()
-    session = new_session(store)
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    coordination = Coordination(client, settings)
-    coordination.leases.install("host", [session], settings.queue, now_ms=clock(), ttl_s=600)
-    tools = ScheduleTools(store, coordination, settings, clock)
+    session, tools, armed = live_tools(store, clock, settings)
     assert not tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60}).is_error
     store.lose = lands
 
@@ -168,7 +171,7 @@ def test_a_delete_whose_outcome_is_unknown_keeps_the_wake_of_the_reminder(
     # then the wake stays at the reminder's moment: had the delete not landed, a wake
     # armed from the log without the reminder would lose it
     assert value(result.content)["code"] == "persistence_uncertain"
-    assert armed_wakes_s(client, coordination) == [(clock() + 60_000) // 1000]
+    assert armed() == [(clock() + 60_000) // 1000]
 
 
 @pytest.mark.parametrize("back", [True, False], ids=["redis-back", "redis-still-gone"])
