@@ -45,9 +45,13 @@ class RedisRuntime:
     mode = "redis"
 
     def __init__(self, url: str, sessions: Path, *, prefix: str, queue: str, workers: int,
-                 logs: Path, tags: tuple[str, ...], owns_db: bool = False) -> None:
+                 logs: Path, tags: tuple[str, ...], owns_db: bool = False,
+                 store: str | None = None) -> None:
+        """``store``: the session store the settings and child processes name
+        (``DSH_SCHEDULE_STORE``, such as a ``postgresql://`` URL) in place of ``sessions``;
+        ``self.store``, which the phases write directly, stays the JSONL store there."""
         self.settings = Settings.from_env({}, redis_url=url, sessions=sessions,
-                                          prefix=prefix, queue=queue)
+                                          prefix=prefix, queue=queue, store=store)
         self.store = JsonlStore(sessions)
         self.client = redis.Redis.from_url(url)
         self.url = url
@@ -57,6 +61,8 @@ class RedisRuntime:
         self._tags = tags
         self._owns_db = owns_db
         self._env = _child_env(url, sessions, prefix, queue)
+        if store is not None:
+            self._env["DSH_SCHEDULE_STORE"] = store
         self._workers: list[subprocess.Popen[bytes]] = []
         self._pools: list[subprocess.Popen[bytes]] = []
         self._queues = [queue]
@@ -177,15 +183,23 @@ class RedisRuntime:
 
     def pids(self) -> dict[str, int]:
         """Every process this runtime runs now, by role: host, worker-N, scheduler."""
-        named: dict[str, int] = {}
+        return {role: proc.pid for role, proc in self._by_role().items()}
+
+    def exited(self) -> dict[str, int]:
+        """The exit code of each process of ``pids`` that is no longer running."""
+        return {role: code for role, proc in self._by_role().items()
+                if (code := proc.poll()) is not None}
+
+    def _by_role(self) -> dict[str, subprocess.Popen[bytes]]:
+        named: dict[str, subprocess.Popen[bytes]] = {}
         if "host" in self._named:
-            named["host"] = self._named["host"].pid
+            named["host"] = self._named["host"]
         for i, proc in enumerate([*self._workers, *self._bare_workers]):
-            named[f"worker-{i + 1}"] = proc.pid
+            named[f"worker-{i + 1}"] = proc
         if self._scheduler is not None:
-            named["scheduler"] = self._scheduler.pid
+            named["scheduler"] = self._scheduler
         for name, proc in self._named.items():
-            named.setdefault(name, proc.pid)
+            named.setdefault(name, proc)
         return named
 
     def rss(self, role: str) -> tuple[int | None, int | None]:

@@ -8,17 +8,20 @@ Not a test (nothing here asserts a timing): a measurement to run by hand::
 For each store (``--stores``, default ``jsonl,postgres``) it starts a redis-server of its
 own (and, for PostgreSQL, a server of its own: ``tests/postgres_private.py``), creates
 ``--agents`` sessions, starts ``--workers`` ``worker`` processes, a ``scheduler`` and one
-``host`` serving every session, and waits until every agent is leased. Then:
+``host`` serving every session (the load test's ``RedisRuntime``), and waits until every
+agent is leased. Then:
 
 - idle: for ``--idle`` seconds nothing is due; it counts the statements the processes sent
   the database (from the server's log, every statement logged meanwhile), the commands
-  Redis ran and the processes' CPU;
+  Redis ran and the CPU of each process and of the redis-server (the load test's
+  ``cpu_window``);
 - burst: one reminder per agent, all due in the same whole second (created through the
   tools with ``--threads`` threads, a clock set back so each is ``after_seconds`` 600
   from it), then the lateness of each dispatch and each delivered message (its append
   time minus the target) read from the logs once all are delivered.
 
-It prints one JSON line per store.
+It prints one JSON line per store. A run that fails keeps its directory, with the
+processes' logs.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,31 +40,21 @@ from typing import Any
 import psycopg
 
 from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.loadtest.process_idle import cpu_window
+from dsh_schedule.loadtest.process_runtime import RedisRuntime
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
-from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.naming import close_store, open_store
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.store.postgres import EVENTS
 from tests.postgres_private import PrivateServer
 from tests.redis_server import RedisServer
-from tests.support import Processes, process_env
 
 BENCH = "store-burst-bench"  # this measurement's own connections
 LEAD_S = 20.0  # the burst's due second is at least this far after its creates begin
 CREATES_PER_S = 150  # a low guess of the create rate, for the lead
-
-
-def _cpu_s(procs: Processes) -> dict[str, float]:
-    """Each process's user + system CPU so far, in seconds."""
-    ticks = 100.0
-    out = {}
-    for name, proc in procs.procs.items():
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        out[name] = (int(fields[11]) + int(fields[12])) / ticks
-    return out
 
 
 def _log_statements(server: PrivateServer, on: bool) -> None:
@@ -130,7 +124,7 @@ def _delivered(kind: str, store: SessionStore, pg: PrivateServer | None,
                for name in names)
 
 
-def _profile(directory: Path | None, kind: str, procs: Processes, seconds: float
+def _profile(directory: Path | None, kind: str, pids: Mapping[str, int], seconds: float
              ) -> list[subprocess.Popen[bytes]]:
     """With ``--profile DIR``: sample the first worker and the host through the burst with
     ``py-spy record`` (installed by hand: it is no dependency), as collapsed stacks."""
@@ -139,66 +133,41 @@ def _profile(directory: Path | None, kind: str, procs: Processes, seconds: float
     directory.mkdir(parents=True, exist_ok=True)
     return [subprocess.Popen(
         ["py-spy", "record", "--format", "raw", "--rate", "50", "--duration",
-         str(int(seconds)), "--pid", str(procs.procs[name].pid),
-         "--output", str(directory / f"{kind}-{name}.txt")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name in ("worker0", "host")]
+         str(int(seconds)), "--pid", str(pids[role]),
+         "--output", str(directory / f"{kind}-{role}.txt")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for role in ("worker-1", "host")]
 
 
 def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"store-burst-{kind}-"))
     redis_server = RedisServer(work / "redis").start()
     pg = PrivateServer().start() if kind == "postgres" else None
-    extra = {"STORE": pg.url} if pg is not None else {}
-    env = process_env(redis_server.url(), work / "sessions", **extra)
-    procs = Processes(work, env)
-    settings = Settings.from_env(env)
-    store = open_store(pg.url if pg is not None else work / "sessions")
-    client = redis_server.client()
+    tag = f"store-burst-{kind}"
+    rt = RedisRuntime(redis_server.url(), work / "sessions", prefix=f"{tag}:", queue=tag,
+                      workers=args.workers, logs=work / "logs", tags=(tag,), owns_db=True,
+                      store=pg.url if pg is not None else None)
+    store = open_store(rt.settings.store_name)
     result: dict[str, Any] = {"store": kind, "agents": args.agents, "workers": args.workers}
+    measured = False
     try:
         names = [f"a{n:06d}" for n in range(args.agents)]
         started = time.perf_counter()
         for name in names:
             store.create(SessionHeader(id=name, createdAt=int(time.time() * 1000)))
         result["sessions_s"] = round(time.perf_counter() - started, 1)
-        listed = work / "sessions.txt"
-        listed.write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
-        for n in range(args.workers):
-            procs.spawn(f"worker{n}", "worker")
-        procs.spawn("scheduler", "scheduler")
-        procs.spawn("host", "host", "--sessions-file", str(listed))
-        live = Keys(settings.prefix).agent_host()
-        deadline = time.monotonic() + 300
-        while int(client.hlen(live)) < args.agents:
-            if time.monotonic() > deadline or procs.dead():
-                raise SystemExit(f"{kind}: agents not leased\n{procs.describe()}")
-            time.sleep(0.5)
+        rt.start_workers()
+        rt.start_mover()
+        rt.start_host(names)
+        live = Keys(rt.settings.prefix).agent_host()
+        if not rt.wait(lambda: int(rt.client.hlen(live)) >= args.agents, 300.0):
+            raise SystemExit(f"{kind}: agents not leased; see {work / 'logs'}")
         time.sleep(5)  # the host's start-up settles
         if args.idle:
-            if pg is not None:
-                _log_statements(pg, True)
-                _, offset = _statements_since(pg, 0)
-            cpu = _cpu_s(procs)
-            commands = int(client.info("stats")["total_commands_processed"])
-            time.sleep(args.idle)
-            after_cpu = _cpu_s(procs)
-            ran = int(client.info("stats")["total_commands_processed"]) - commands
-            statements = None
-            if pg is not None:
-                statements, _ = _statements_since(pg, offset)
-                _log_statements(pg, False)
-            result["idle"] = {
-                "seconds": args.idle,
-                "db_statements_per_s": None if statements is None
-                else round(statements / args.idle, 2),
-                "redis_commands_per_s": round(ran / args.idle, 2),
-                "cpu_cores": {name: round((after_cpu[name] - cpu[name]) / args.idle, 4)
-                              for name in cpu},
-            }
-        coord = Coordination(client, settings)
+            result["idle"] = _idle(rt, pg, args)
+        coord = Coordination(rt.client, rt.settings)
         at_ms = coord.clock() + int(1000 * (LEAD_S + args.agents / CREATES_PER_S))
         at_ms -= at_ms % 1000
-        tools = ScheduleTools(store, coord, settings, lambda: at_ms - 600_000)
+        tools = ScheduleTools(store, coord, rt.settings, lambda: at_ms - 600_000)
 
         def create(name: str) -> bool:
             return not tools.call(name, "schedule_create",
@@ -211,7 +180,8 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         result["creates_s"] = round(time.perf_counter() - started, 1)
         result["created"] = created
         result["slack_s"] = round((at_ms - coord.clock()) / 1000, 1)
-        profilers = _profile(args.profile, kind, procs, (at_ms - coord.clock()) / 1000 + 60)
+        profilers = _profile(args.profile, kind, rt.pids(),
+                             (at_ms - coord.clock()) / 1000 + 60)
         time.sleep(max(0.0, (at_ms - coord.clock()) / 1000))
         # Wait cheaply (the logs are read once, at the end: their times say the lateness).
         deadline = time.monotonic() + args.wait
@@ -222,18 +192,41 @@ def measure(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         result["delivered"] = len(marks)
         result["dispatch"] = _percentiles([d for d, _ in marks.values() if d is not None])
         result["message"] = _percentiles([m for _, m in marks.values() if m is not None])
-        result["dead"] = procs.dead()
+        result["dead"] = rt.exited()
         for profiler in profilers:
             profiler.wait()
+        measured = True
         return result
     finally:
-        procs.close()
+        rt.close()
         close_store(store)
-        client.close()
         redis_server.close()
         if pg is not None:
             pg.close()
-        shutil.rmtree(work, ignore_errors=True)
+        if measured:  # else the processes' logs stay for the error to point at
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _idle(rt: RedisRuntime, pg: PrivateServer | None, args: argparse.Namespace
+          ) -> dict[str, Any]:
+    """For ``--idle`` seconds with nothing due: the statements the processes sent the
+    database, the commands Redis ran and each process's CPU (the load test's window)."""
+    if pg is not None:
+        _log_statements(pg, True)
+        _, offset = _statements_since(pg, 0)
+    window = cpu_window(rt, args.idle, args.agents)
+    statements = None
+    if pg is not None:
+        statements, _ = _statements_since(pg, offset)
+        _log_statements(pg, False)
+    return {
+        "seconds": window.seconds,
+        "db_statements_per_s": None if statements is None
+        else round(statements / window.seconds, 2),
+        "redis_commands_per_s": window.commands_per_s,
+        "cpu_cores": {role: None if cores is None else round(cores, 4)
+                      for role, cores in window.processes.items()},
+    }
 
 
 def main() -> None:

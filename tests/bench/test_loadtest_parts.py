@@ -3,10 +3,13 @@ invariant, its statistics and its Redis URL handling say what they promise (issu
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from dsh_schedule.loadtest.figures import Figures, RebuildFigure
-from dsh_schedule.loadtest.process_runtime import with_db
+from dsh_schedule.loadtest.process_runtime import RedisRuntime, with_db
 from dsh_schedule.loadtest.report import targets
 from dsh_schedule.loadtest.sessions import ACTIVE_KEPT, conversation, reminders
 from dsh_schedule.loadtest.stats import (
@@ -85,6 +88,35 @@ def test_ratios_say_how_many_times_the_bare_cost(ours: float | None, bare: float
 def test_the_rebuild_database_is_another_database_of_the_same_server(url: str,
                                                                      expected: str) -> None:
     assert with_db(url, 15) == expected
+
+
+def _runtime(tmp_path: Path, store: str | None = None) -> RedisRuntime:
+    """A runtime that sends Redis nothing until it starts workers, a mover or closes."""
+    return RedisRuntime("redis://127.0.0.1:1/0", tmp_path / "sessions", prefix="t:",
+                        queue="t", workers=1, logs=tmp_path / "logs", tags=("t",),
+                        store=store)
+
+
+def test_a_runtime_names_the_store_it_is_given_to_its_processes(tmp_path: Path) -> None:
+    url = "postgresql://postgres@127.0.0.1:1/postgres"
+    given, default = _runtime(tmp_path, store=url), _runtime(tmp_path)
+    assert given.child_env()["DSH_SCHEDULE_STORE"] == given.settings.store_name == url
+    assert "DSH_SCHEDULE_STORE" not in default.child_env()
+    assert default.settings.store_name == str(tmp_path / "sessions")
+
+
+def test_a_runtime_reports_its_processes_that_exited_by_role(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    rt.start_named("probe", ["-c", "raise SystemExit(3)"])
+    rt.start_named("sleeper", ["-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while "probe" not in rt.exited() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rt.exited() == {"probe": 3}
+    finally:
+        rt.stop("sleeper")
+        rt.stop("probe")
 
 
 def test_targets_not_measured_are_neither_met_nor_missed() -> None:
