@@ -106,7 +106,7 @@ SKEWS_S = (-90, -30, 0, 30, 90)  # wall-clock skews, shared out among the proces
 REDIS_DOWN_S = (28.0, 32.0)
 WINDOW_S = (9.0, 11.0)  # an error-reply or full-disk window lasts this long
 DISK_MB = 64  # the sessions' tmpfs
-STORE_BACK_S = 60  # how long the test's own reads wait for a restarted database
+STORE_BACK_S = 60  # how long the test's final reads wait for a restarted database
 FILLER = ".chaos-filler"  # the file that fills it, in the sessions directory
 # How Redis is made to answer every write with an error reply, and how it is restored.
 REFUSALS = {
@@ -327,12 +327,13 @@ class ChaosStore:
     url: str | None = None  # a PostgreSQL store's
     database: PrivateServer | None = None
 
-    def story(self, session: str) -> LogStory:
-        """What the session's log holds now, read from where the processes write it."""
+    def story(self, session: str, *, wait_s: float = 0.0) -> LogStory:
+        """What the session's log holds now, read from where the processes write it;
+        a database that does not answer is waited for up to ``wait_s`` (the test's own
+        pool reconnects after a crash window with its own backoff)."""
         if isinstance(self.store, JsonlStore):
             return LogStory.read(self.store.path(session))
-        # The test's own pool reconnects after a crash window with its own backoff.
-        deadline = time.monotonic() + STORE_BACK_S
+        deadline = time.monotonic() + wait_s
         while True:
             try:
                 header, lines = self.store.session_lines(session)
@@ -695,7 +696,10 @@ class Run:
     # -- observations ---------------------------------------------------------------
 
     def stories(self) -> dict[str, LogStory]:
-        return {session: self.where.story(session) for session in SESSIONS}
+        """Every log, read once the database answers (never during a crash window: the
+        plan reads none then)."""
+        return {session: self.where.story(session, wait_s=STORE_BACK_S)
+                for session in SESSIONS}
 
     def undelivered(self) -> dict[str, set[str]]:
         """Per session, the ids its log says must still be delivered."""
