@@ -191,23 +191,27 @@ def repay_before_exit(tools: ScheduleTools, wait_s: float | None) -> bool:
     the log was written is tried again, backing off, for up to ``wait_s`` seconds (None:
     until Redis answers), and said on stderr when it still failed
     (docs/architecture.md#owed-re-arms). Whether nothing is owed any more."""
+    import logging
     import time
 
     import redis
 
+    from dsh_schedule.shared.coordination.outage import Outage
+
     deadline = None if wait_s is None else time.monotonic() + wait_s
-    pause = 0.1
+    outage = Outage(logging.getLogger(__name__), "call")
     while tools.owed.owed():
         try:
             tools.repay_owed()
-        except redis.RedisError:
+        except redis.RedisError as exc:
+            pause = outage.failed(exc)
             if deadline is not None and time.monotonic() + pause > deadline:
                 print("dsh-schedule call: Redis did not take the wake of the session's"
                       " reminders; they wait for its next wake, tool call or host look"
                       " (docs/architecture.md#owed-re-arms)", file=sys.stderr)
                 return False
             time.sleep(pause)
-            pause = min(pause * 2, 1.0)
+    outage.succeeded()
     return True
 
 
