@@ -75,6 +75,7 @@ from dsh_schedule.shared.store.naming import close_store
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.store.postgres import PostgresStore
 from tests.postgres_private import PrivateServer, private_server
+from tests.postgres_server import in_ci
 from tests.redis_server import RedisServer
 from tests.support import Processes, process_env, wait_until
 
@@ -139,10 +140,6 @@ def _now_ms() -> int:
 def _seed() -> int:
     named = os.environ.get(SEED_ENV)
     return int(named) if named else random.SystemRandom().randrange(2**32)
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 @dataclass(frozen=True)
@@ -827,7 +824,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     as root, and there a failure to mount fails the test)."""
     directory = tmp_path / "sessions"
     directory.mkdir()
-    if os.geteuid() != 0 and not _in_ci():
+    if os.geteuid() != 0 and not in_ci():
         pytest.skip("the chaos test mounts a small tmpfs for its full-disk window, which"
                     " needs root (CI runs as root)")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs",
