@@ -169,7 +169,16 @@ class HostBridge:
             with self._state:
                 noted, self._deferred = self._deferred, None
             if noted:
-                self._install_again(list(dict.fromkeys(noted)))
+                try:
+                    self._install_again(list(dict.fromkeys(noted)))
+                except redis.RedisError as exc:
+                    if not is_outage(exc):
+                        raise
+                    # An outage, not a crash: the lease is not held, so the next renewal
+                    # installs every agent served (docs/architecture.md#outages).
+                    log.warning("installing %d agent(s) failed (%s); the lease's renewal "
+                                "installs them once Redis answers", len(noted),
+                                type(exc).__name__)
 
     def renew(self) -> list[str]:
         """Renew this host's lease: one command, whatever the number of agents it serves

@@ -203,6 +203,33 @@ def test_the_host_loop_rides_out_an_error_reply_and_delivers_once_afterwards(
 
 
 @pytest.mark.parametrize("how", REFUSALS)
+def test_a_host_starting_while_redis_refuses_writes_serves_its_agents_afterwards(
+    how: str, private: redis.Redis, settings: Settings
+) -> None:
+    # given a session, and Redis refusing writes as a host starts (the chaos run restarted
+    # a host then: its start-up install died on the error reply)
+    store = JsonlStore(settings.sessions)
+    coordination = Coordination(private, settings)
+    session = new_session(store, "s1")
+    host = ReferenceHost(store, coordination, settings)
+    restore = refuse_writes(private, how)
+    try:
+        # when it opens its roots, then it does not fail
+        host.open_roots([session])
+    finally:
+        restore()
+    assert not coordination.leases.live_among([session], now_ms=wall_clock_ms())
+    # and once Redis takes writes, its run loop's renewal installs the agent
+    stop = threading.Event()
+    loop = Running(lambda: host.run(stop, poll_s=0.2), stop)
+    try:
+        assert wait_until(lambda: bool(coordination.leases.live_among(
+            [session], now_ms=wall_clock_ms())), timeout=settings.lease_renew_s + 10)
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("how", REFUSALS)
 def test_the_scheduler_loop_rides_out_an_error_reply_and_rebuilds_afterwards(
     how: str, private: redis.Redis, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
