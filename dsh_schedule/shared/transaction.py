@@ -349,6 +349,7 @@ class LogTransactions:
             return decision.then(read.state)
         if decision.subject is not None:
             add_log_context(schedule_id=decision.subject)
+        self._arm_ahead(agent, read, decision.events, now_ms)
         try:  # the append and the barrier, one write where the store can
             appended, unconfirmed = self.append_durably(agent, read, decision.events)
         except PersistenceError as exc:
@@ -364,6 +365,18 @@ class LogTransactions:
         return decision.then(after)
 
     # re-arm
+
+    def _arm_ahead(self, agent: str, read: Read, events: Sequence[NewEvent],
+                   now_ms: int) -> None:
+        """Before a write that can make the agent's wake earlier (a create, an update),
+        arm the wake it may need: the earlier of the folds without and with the events
+        (``either_outcome``). A re-arm that fails after the append, or a process that
+        dies owing it (a one-shot ``call``), then leaves that wake in place; a write that
+        fails leaves a wake that finds nothing, one read. ``redis.RedisError`` is raised:
+        nothing is written then (docs/architecture.md#owed-re-arms)."""
+        ahead = either_outcome(read, events, now_ms)
+        if ahead is not read.state:
+            self._coord.rearm(agent, ahead, now_ms)
 
     def rearm(self, agent: str, state: FoldState, *, release: HeldLock) -> None:
         """Re-arm from ``state``, releasing the lock in the re-arm's own write; a failure

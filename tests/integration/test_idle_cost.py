@@ -317,9 +317,10 @@ def test_a_rearm_that_failed_after_a_durable_create_is_repaid_when_redis_is_back
         created = _create(host, session, {"prompt": "water the plants", "after_seconds": 3})
         assert created["id"]  # the answer stands: the record is in the log
         assert host.plugin.tools.owed.owed() == [session]
-        assert host.coordination.wakes.projections([session])[0].wake is None
-        # then, once Redis takes writes again, the host repays the owed wake, which arms
-        # the reminder, and it is delivered once
+        # (the reminder's wake was armed before the append: docs/architecture.md#owed-re-arms)
+        assert host.coordination.wakes.projections([session])[0].wake_held
+        # then, once Redis takes writes again, the host repays the owed wake, and the
+        # reminder is delivered once
         undo[0]()
         assert wait_until(lambda: len(reminder_texts(system.store, session)) == 1, 60), \
             system.procs.describe()

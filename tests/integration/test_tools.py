@@ -219,9 +219,12 @@ def test_a_failed_re_arm_does_not_turn_a_durable_create_into_an_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     session = new_session(store)
+    arm = coordination.rearm
 
-    def broken(*args: object, **kwargs: object) -> None:
-        raise redis.ConnectionError("gone")
+    def broken(*args: object, **kwargs: object) -> str | None:
+        if store.read(session).events:  # Redis is gone once the create is written
+            raise redis.ConnectionError("gone")
+        return arm(*args, **kwargs)
 
     monkeypatch.setattr(coordination, "rearm", broken)
     result = tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60})

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import fakeredis
 import pytest
+import redis
 
 from dsh_schedule.cli.commands import repay_before_exit
 from dsh_schedule.host.tools import ScheduleTools
@@ -172,6 +173,52 @@ def test_a_delete_whose_outcome_is_unknown_keeps_the_wake_of_the_reminder(
     # armed from the log without the reminder would lose it
     assert value(result.content)["code"] == "persistence_uncertain"
     assert armed() == [(clock() + 60_000) // 1000]
+
+
+def test_a_create_whose_re_arm_redis_refuses_after_the_append_is_still_woken_for(
+    server: fakeredis.FakeServer, settings: Settings
+) -> None:
+    # given a live agent with nothing scheduled, and a store that cuts Redis off right
+    # after the create's append (a one-shot `dsh-schedule call` then exits owing it)
+    store, clock = CutAfterAppend(server), FakeClock()
+    session = new_session(store)
+    client = fakeredis.FakeRedis(server=server)
+    coordination = Coordination(client, settings)
+    coordination.leases.install("host", [session], settings.queue, now_ms=clock(), ttl_s=600)
+    tools = ScheduleTools(store, coordination, settings, clock)
+
+    # when the model creates a reminder due in a minute, and the process forgets its
+    # owed re-arm
+    result = tools.call(session, "schedule_create", {"prompt": "stretch", "after_seconds": 60})
+    server.connected = True
+    del tools
+
+    # then the answer is its view, and the reminder's wake was armed before the append
+    assert value(result.content)["id"] == "schedule-1"
+    scheduled = coordination.keys.scheduled_jobs()
+    assert [score for _, score in client.zrange(scheduled, 0, -1, withscores=True)] == [
+        (clock() + 60_000) // 1000]
+
+
+def test_a_create_whose_wake_redis_refuses_before_the_append_writes_nothing(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a live agent whose wake Redis refuses to arm, after its lock was taken
+    store, clock = MemoryStore(), FakeClock()
+    session, tools, armed = live_tools(store, clock, settings)
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'")
+
+    monkeypatch.setattr(Coordination, "rearm", refused)
+
+    # when the model creates a reminder
+    result = tools.call(session, "schedule_create", {"prompt": "stretch", "after_seconds": 60})
+
+    # then nothing was written, and the answer says the call failed
+    assert value(result.content)["code"] == "internal_error"
+    assert _changes(store, session) == []
+    assert armed() == []
 
 
 @pytest.mark.parametrize("back", [True, False], ids=["redis-back", "redis-still-gone"])
