@@ -35,7 +35,7 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
 from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair, StreamRead
 from dsh_schedule.shared.coordination.outage import is_outage
-from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
+from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
 from dsh_schedule.shared.core.ledger import ledger_of, reminder_source
 from dsh_schedule.shared.logging_setup import log_context
@@ -223,8 +223,9 @@ class DeliveryGate:
         delivery each, with the round trips shared: their streams read in one or two
         pipelined calls (``Followups.read_streams``), their free locks taken together,
         every decided entry acknowledged together. Each entry still passes the gate on
-        its own, under its agent's lock, with its own fenced append; the round's barrier
-        flushes run together, before any entry is acknowledged. An
+        its own, under its agent's lock, fenced at its own log's length (the round's first
+        deliveries appended in one write where the store can: ``flushing.AppendsMany``);
+        the round's barrier flushes run together, before any entry is acknowledged. An
         agent whose lock was busy (a due transaction is finishing) is then served alone,
         waiting for its lock as ``deliver_next`` does. Call again with ``again`` until it
         is empty."""
@@ -269,17 +270,26 @@ class DeliveryGate:
         # The logs read together, each its gate's first read (its fence checks it); one
         # that could not be read is read again by its gate.
         logs = self._tx.load_each([agent for agent in agents if agent not in unflushed])
+        ready: list[tuple[str, Read, tuple[NewEvent, ...]]] = []
         for agent in agents:
+            first = logs.get(agent)
             if agent in unflushed and disk_outage_errno(unflushed[agent]):
                 decided.unwritable[agent] = unflushed[agent]
             elif agent in unflushed:
                 log.warning("delivery preflight for %s failed: %s", agent,
                             unflushed[agent].reason)
                 decided.failed.append(agent)
+            elif isinstance(first, Read) and deliverable(reads[agent].entries[0], first):
+                # A first entry to deliver (a burst's): its append joins the round's one
+                # write, and its gate takes what that write did.
+                ready.append((agent, first, delivery_events(reads[agent].entries[0], first,
+                                                            self._clock())))
             else:
-                first = logs.get(agent)
                 self._decide(agent, reads[agent], decided,
                              first if isinstance(first, Read) else None)
+        appended = self._tx.append_each(ready)
+        for agent, first, _events in ready:
+            self._decide(agent, reads[agent], decided, first, written=appended[agent])
         delivered = [agent for agent in agents if agent in decided.delivered]
         for agent, exc in self._tx.barrier(delivered).items():
             _unconfirmed(agent, exc)
@@ -293,16 +303,19 @@ class DeliveryGate:
             decided.failed.append(agent)
 
     def _decide(self, agent: str, read: StreamRead, decided: _Decided,
-                first: Read | None) -> None:
+                first: Read | None, *, written: tuple[Event, ...] | Exception | None = None
+                ) -> None:
         """Gate ``entries`` in order until one is delivered, noting what was decided; the
         caller holds the agent's lock and flushes before and after. ``first``: the log
-        as the caller read it (None: read it here)."""
+        as the caller read it (None: read it here); ``written``: what the caller's append
+        of the first entry's delivery, fenced at ``first``, did (``_deliver``)."""
         left = len(read.entries)
         try:
             for entry in read.entries:
                 # No barrier is run without own_flushes: the caller runs the round's.
-                delivery, _ = self._gate_held(agent, entry, own_flushes=False, first=first)
-                first = None  # the next entry's gate reads the log itself
+                delivery, _ = self._gate_held(agent, entry, own_flushes=False, first=first,
+                                              written=written)
+                first, written = None, None  # the next entry's gate reads the log itself
                 self._failures.ended(agent)
                 decided.entries.append((agent, entry.entry_id))
                 left -= 1
@@ -336,16 +349,17 @@ class DeliveryGate:
 
     def _gate_held(
         self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
-        first: Read | None = None,
+        first: Read | None = None, written: tuple[Event, ...] | Exception | None = None,
     ) -> tuple[Delivery | None, PersistenceError | None]:
         """The gate for one entry, the agent's lock held: what it delivered, and the
         failure of its barrier flush (None: durable, or none run). ``own_flushes``: flush
         before deciding, and run a delivery's barrier in the append's own write
-        (``append_durably``); without it the caller does both, for many agents at once."""
+        (``append_durably``); without it the caller does both, for many agents at once.
+        ``first``, ``written``: as ``_deliver`` takes them."""
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
             delivery, unconfirmed = self._deliver(agent, entry, own_flushes=own_flushes,
-                                                  first=first)
+                                                  first=first, written=written)
         recorder = metrics.get()
         if recorder.enabled:
             if delivery is None:
@@ -358,11 +372,14 @@ class DeliveryGate:
         return delivery, unconfirmed
 
     def _deliver(self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
-                 first: Read | None = None
+                 first: Read | None = None,
+                 written: tuple[Event, ...] | Exception | None = None,
                  ) -> tuple[Delivery | None, PersistenceError | None]:
         """Append the entry as the user/message of a new turn if the log says it is due
         for delivery (None when it is to be dropped), with the barrier's failure when
-        ``own_flushes`` runs it. A fence conflict re-decides."""
+        ``own_flushes`` runs it. A fence conflict re-decides. ``written``: the caller
+        appended the delivery fenced at ``first`` already, and this is what that did (the
+        events, or what the append raised)."""
 
         def decide(read: Read) -> tuple[NewEvent, ...] | None:
             if not deliverable(entry, read):
@@ -370,14 +387,23 @@ class DeliveryGate:
                 return None
             return delivery_events(entry, read, self._clock())
 
-        # A caller that flushes has flushed already; a retry flushes anew, to confirm the
-        # conflicting writer's suffix.
-        written = self._tx.fenced(agent, decide, what=f"delivery for {agent}",
-                                  flush=lambda n: own_flushes or n > 0, first=first,
-                                  durably=own_flushes)
-        if written is None:
-            return None, None
-        read, appended, unconfirmed = written
+        unconfirmed: PersistenceError | None = None
+        if first is not None and written is not None and not isinstance(written, FenceConflict):
+            if isinstance(written, Exception):
+                raise written
+            read, appended = first, written
+        else:
+            # A caller that flushes has flushed already; a retry (or a write of the
+            # caller's that met another writer) flushes anew, to confirm that writer's
+            # suffix.
+            conflicted = written is not None
+            result = self._tx.fenced(
+                agent, decide, what=f"delivery for {agent}",
+                flush=lambda n: own_flushes or conflicted or n > 0,
+                first=None if conflicted else first, durably=own_flushes)
+            if result is None:
+                return None, None
+            read, appended, unconfirmed = result
         log.info("delivered followup %s for %s", entry.entry_id, agent)
         delivery = Delivery(text=entry.text, pairs=entry.pairs, turn=read.length,
                             events=appended)

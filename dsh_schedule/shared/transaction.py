@@ -266,6 +266,13 @@ class LogTransactions:
         another writer came between)."""
         return self._store.append(agent, list(events), expected_seq=read.length)
 
+    def append_each(self, items: Sequence[tuple[str, Read, Sequence[NewEvent]]]
+                    ) -> dict[str, tuple[Event, ...] | Exception]:
+        """``append`` for many agents (distinct), in one round trip where the store can
+        (``flushing.append_each``): each one's events appended, or what its append raised."""
+        return flushing.append_each(self._store, [(agent, list(events), read.length)
+                                                  for agent, read, events in items])
+
     def append_durably(
         self, agent: str, read: Read, events: Sequence[NewEvent]
     ) -> tuple[tuple[Event, ...], PersistenceError | None]:

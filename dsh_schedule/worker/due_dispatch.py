@@ -141,32 +141,35 @@ class DueDispatch:
         self._coord.write_followups([(p.agent, p.plan.text, p.plan.pairs) for p in planned])
         written_ms = self._clock()
         reach(Failpoint.AFTER_FOLLOWUP)
+        # Every dispatch's fenced append, in one round trip where the store can.
+        results = self._tx.append_each([
+            (p.agent, p.due.read,
+             [NewEvent(type=SCHEDULE_CHANGE, time=p.due.decided_ms, data=encode_change(c))
+              for c in p.plan.changes])
+            for p in planned])
         conflicted: list[Due] = []
         for p in planned:
             schedule_ids = ",".join(pair.scheduleId for pair in p.plan.pairs)
             with log_context(agent=p.agent, schedule_id=schedule_ids):
-                if self._append(p, batch):
+                if self._appended(p, results[p.agent], batch):
                     conflicted.append(p.due)
                 elif batch.going.get(p.agent) is Stage.APPENDED:
                     appended.append(p.agent)
                     self._record_dispatch(p, written_ms)
         return conflicted
 
-    def _append(self, planned: Planned, batch: WakeBatch) -> bool:
-        """The fenced append of one agent's dispatch: ``APPENDED`` once written, stopped
-        when abandoned; True when another writer came between."""
-        agent, due = planned.agent, planned.due
-        events = [NewEvent(type=SCHEDULE_CHANGE, time=due.decided_ms, data=encode_change(c))
-                  for c in planned.plan.changes]
-        try:
-            self._tx.append(agent, due.read, events)
-        except FenceConflict as conflict:
-            log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, conflict)
+    def _appended(self, planned: Planned, result: object, batch: WakeBatch) -> bool:
+        """What the fenced append of one agent's dispatch did (``result``: the events
+        appended, or what the append raised): ``APPENDED`` once written, stopped when
+        abandoned; True when another writer came between."""
+        agent = planned.agent
+        if isinstance(result, FenceConflict):
+            log.info("dispatch for %s: fence conflict (%s), re-deciding", agent, result)
             return True
-        except Exception as exc:  # the disk, a bound: this agent's own failure
+        if isinstance(result, Exception):  # the disk, a bound: this agent's own failure
             # The followup may already be read; with no dispatch the host drops it.
-            log.log(failure_level(exc, logging.ERROR), "dispatch append for %s abandoned: %s",
-                    agent, exc)
+            log.log(failure_level(result, logging.ERROR),
+                    "dispatch append for %s abandoned: %s", agent, result)
             batch.stop(agent, WakeOutcome.DISPATCH_ABANDONED)
             return False
         reach(Failpoint.AFTER_APPEND)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -351,3 +352,78 @@ def test_reads_find_a_sessions_rows_by_index(
             "EXPLAIN " + getattr(postgres_schema, query), params).fetchall())  # type: ignore[operator]
     assert any("Index Cond" in line and "session_id" in line and "seq >=" in line
                for line in plan.splitlines()), plan
+
+
+class CountingStore(PostgresStore):
+    """Counts the append statements, and cuts the connection around the next statement
+    that appends to many sessions (``cut``: True after it commits, False before)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.single = 0
+        self.many = 0
+        self.cut: bool | None = None
+
+    def _execute_append(self, conn: Any, params: dict[str, Any]) -> int:
+        self.single += 1
+        return super()._execute_append(conn, params)
+
+    def _execute_append_many(self, conn: Any, params: dict[str, Any]) -> list[str]:
+        self.many += 1
+        cut, self.cut = self.cut, None
+        if cut is None:
+            return super()._execute_append_many(conn, params)
+        if cut:
+            super()._execute_append_many(conn, params)
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        raise AssertionError("the server ended the connection")
+
+
+def test_appends_to_many_sessions_are_one_statement_fenced_by_the_server(
+    postgres_url: str
+) -> None:
+    # given three sessions this store has read, one of which another store appended to
+    with CountingStore(postgres_url) as store:
+        for session_id in ("s1", "s2", "s3"):
+            store.create(header(session_id))
+            store.append(session_id, [message(f"{session_id} a")], 0)
+            store.load(session_id)
+        with PostgresStore(postgres_url) as other:
+            other.append("s3", [message("other")], 1)
+        store.single = 0
+        # when it appends to the three together
+        appended = store.append_many([(session_id, [message(f"{session_id} b")], 1)
+                                      for session_id in ("s1", "s2", "s3")])
+        # then one statement wrote the two whose fence held; the third conflicts, at the
+        # length the server holds, with nothing written for it
+        assert (store.many, store.single) == (1, 0)
+        conflict = appended["s3"]
+        assert isinstance(conflict, FenceConflict) and conflict.actual == 2
+        store.flush_many(["s1", "s2", "s3"])
+    with PostgresStore(postgres_url) as fresh:
+        texts = {sid: [e.data["content"][0]["text"] for e in fresh.read(sid).events]
+                 for sid in ("s1", "s2", "s3")}
+    assert texts == {"s1": ["s1 a", "s1 b"], "s2": ["s2 a", "s2 b"], "s3": ["s3 a", "other"]}
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not-committed"])
+def test_appends_to_many_sessions_whose_reply_was_lost_are_confirmed_once(
+    postgres_url: str, committed: bool
+) -> None:
+    # given two sessions, and a connection cut after (or before) the statement appending
+    # to both committed
+    with CountingStore(postgres_url) as store:
+        for session_id in ("s1", "s2"):
+            store.create(header(session_id))
+            store.append(session_id, [message("a")], 0)
+        store.cut = committed
+        # when it appends to both
+        appended = store.append_many([(sid, [message("b")], 1) for sid in ("s1", "s2")])
+        # then each answer is the events it sent, whose outcome the flush decides: found
+        # committed, or committed now at the same fence; either way each is there once
+        assert all(not isinstance(found, Exception) for found in appended.values())
+        assert store.flush_many(["s1", "s2"]) == {}
+    with PostgresStore(postgres_url) as fresh:
+        for session_id in ("s1", "s2"):
+            texts = [e.data["content"][0]["text"] for e in fresh.read(session_id).events]
+            assert texts == ["a", "b"]

@@ -18,7 +18,7 @@ import pytest
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.shared.store.flushing import append_durably, load_each
+from dsh_schedule.shared.store.flushing import append_durably, append_each, load_each
 from dsh_schedule.shared.store.ids import escape_session_id
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -302,6 +302,34 @@ def test_a_fenced_append_at_the_wrong_length_conflicts_and_writes_nothing(
         store.append("s1", [message("late")], expected)
     assert (caught.value.expected, caught.value.actual) == (expected, 2)
     assert store.read("s1") == before
+
+
+def test_appends_to_many_sessions_are_each_fenced_at_their_own_length(
+    store: SessionStore
+) -> None:
+    # given three sessions of lengths 1, 1 and 2
+    for session_id in ("s1", "s2", "s3"):
+        store.create(header(session_id))
+        store.append(session_id, [message("a")], 0)
+    store.append("s3", [message("b")], 1)
+    before = store.read("s3")
+    # when appended to together (in one round trip where the store can), one of them at a
+    # length it no longer has
+    appended = append_each(store, [("s1", [message("b"), message("c")], 1),
+                                   ("s2", [at_create("schedule-1")], 1),
+                                   ("s3", [message("late")], 1)])
+    # then each one whose fence held holds its events, numbered from there, and the other
+    # conflicts and is unchanged
+    s1, s2, s3 = appended["s1"], appended["s2"], appended["s3"]
+    assert not isinstance(s1, Exception) and [e.seq for e in s1] == [1, 2]
+    assert not isinstance(s2, Exception) and [e.seq for e in s2] == [1]
+    assert isinstance(s3, FenceConflict) and (s3.expected, s3.actual) == (1, 2)
+    assert [e.data["content"][0]["text"] for e in store.read("s1").events] == ["a", "b", "c"]
+    assert [r.id for r in store.load("s2")[1].active] == ["schedule-1"]
+    assert store.read("s3") == before
+    for session_id in ("s1", "s2", "s3"):
+        store.flush(session_id)
+    assert [entry.session_id for entry in store.due_index()] == ["s2"]
 
 
 def test_an_empty_append_is_fenced_and_writes_nothing(store: SessionStore) -> None:

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
-from dsh_schedule.shared.core.events import TURN_END
+from dsh_schedule.shared.core.events import TURN_END, USER_MESSAGE, NewEvent
 from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -237,3 +237,64 @@ def test_a_forked_session_has_its_own_reminders_and_delivery(
     assert '"child\'s"' in child_messages[0]["content"][0]["text"]
     assert reminder_messages(system.store, parent) == []
     assert _active(system, parent) == ["schedule-1"]
+
+
+class AnotherWriterInTheRound(MemoryStore):
+    """A store that appends to many sessions at once (``flushing.AppendsMany``), and lets
+    another writer append to one of them just before a round's write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interfere: str | None = None
+        self.rounds: list[list[str]] = []
+
+    def append_many(self, items: Any) -> dict[str, Any]:
+        self.rounds.append([session_id for session_id, _events, _seq in items])
+        if self.interfere is not None:
+            session_id, self.interfere = self.interfere, None
+            length = len(self.read(session_id).events)
+            self.append(session_id, [NewEvent(type=USER_MESSAGE, time=0, data={
+                "content": [{"type": "text", "text": "meanwhile"}],
+                "source": {"kind": "user"}})], length)
+        found: dict[str, Any] = {}
+        for session_id, events, expected_seq in items:
+            try:
+                found[session_id] = self.append(session_id, events, expected_seq)
+            except Exception as exc:
+                found[session_id] = exc
+        return found
+
+
+def test_a_delivery_round_written_at_once_delivers_each_once_when_another_writer_came_between(
+    redis_client: redis.Redis, settings: Settings, clock: FakeClock
+) -> None:
+    # given three sessions with a reminder each, dispatched, and a store whose round's one
+    # write finds another writer's message in the second session
+    store = AnotherWriterInTheRound()
+    system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
+                            client=redis_client, injected_clock=True)
+    sessions = [new_session(store, f"s{i}") for i in range(3)]
+    for session in sessions:
+        system.host.open_root(session)
+    system.step()
+    for session in sessions:
+        _create(system, session, prompt=f"for {session}", after_seconds=2)
+    clock.advance(3)
+    system.host.plugin.renew_leases()
+    system.owner.wake_many([(session, None) for session in sessions])
+    store.interfere = sessions[1]
+
+    # when the host delivers them in one round
+    delivered = [agent for agent, _delivery in system.host.serve()]
+
+    # then the round wrote its deliveries together, each session got its reminder once,
+    # and the one another writer moved was decided again after that writer's message
+    assert sorted(store.rounds[0]) == sorted(sessions)
+    assert sorted(delivered) == sorted(sessions)
+    for session in sessions:
+        assert len(reminder_messages(store, session)) == 1
+    texts = [e.data["content"][0]["text"] for e in store.read(sessions[1]).events
+             if e.type == USER_MESSAGE]
+    assert texts[-2] == "meanwhile" and texts[-1].endswith(f"\"for {sessions[1]}\"")
+    system.step()
+    assert all(len(reminder_messages(store, s)) == 1 for s in sessions)

@@ -10,6 +10,9 @@ each session gets its own answer.
 A batch reads its sessions in one round trip where the store can (``LoadsMany``: the
 PostgreSQL store, one query for every session's new rows).
 
+A batch appends to its sessions in one statement where the store can (``AppendsMany``: the
+PostgreSQL store, each session fenced at its own length).
+
 One session appended to and flushed right after (a tool's transaction) is one write where
 the store can make the append itself durable (``AppendsDurably``: the PostgreSQL store,
 one synchronously committed statement instead of an append and a barrier transaction).
@@ -72,6 +75,33 @@ class LoadsMany(Protocol):
                   ) -> dict[str, tuple[Session, FoldState] | Exception]:
         """``load`` for every session; each one's log and fold, or what failed for it."""
         ...
+
+
+@runtime_checkable
+class AppendsMany(Protocol):
+    """A store that appends to many sessions in one round trip."""
+
+    def append_many(self, items: Sequence[tuple[str, Sequence[NewEvent], int]]
+                    ) -> dict[str, tuple[Event, ...] | Exception]:
+        """``append`` for every ``(session, events, expected_seq)`` (distinct sessions);
+        each one's events appended, or what its append raised."""
+        ...
+
+
+def append_each(store: SessionStore, items: Sequence[tuple[str, Sequence[NewEvent], int]]
+                ) -> dict[str, tuple[Event, ...] | Exception]:
+    """``store.append`` for every ``(session, events, expected_seq)`` (distinct sessions), in
+    one round trip when the store can (``AppendsMany``): each one's events appended, or the
+    exception its append raised (``FenceConflict``, ``PersistenceError``, …)."""
+    if len(items) > 1 and isinstance(store, AppendsMany):
+        return store.append_many(items)
+    appended: dict[str, tuple[Event, ...] | Exception] = {}
+    for session_id, events, expected_seq in items:
+        try:
+            appended[session_id] = store.append(session_id, events, expected_seq=expected_seq)
+        except Exception as exc:  # a store talks to no Redis: any failure is the append's
+            appended[session_id] = exc
+    return appended
 
 
 def load_each(store: SessionStore, session_ids: Sequence[str]

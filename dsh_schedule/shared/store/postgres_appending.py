@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -19,9 +19,16 @@ from dsh_schedule.shared.core.fold import check_candidate
 from dsh_schedule.shared.store.codec import encode_event, number_events
 from dsh_schedule.shared.store.foldcache import touches_schedule
 from dsh_schedule.shared.store.port import missing_session
+from dsh_schedule.shared.store.postgres_cache import SessionEntry
 from dsh_schedule.shared.store.postgres_outage import Unconfirmed, Unflushed, connection_lost
 from dsh_schedule.shared.store.postgres_reading import PostgresReading
-from dsh_schedule.shared.store.postgres_schema import APPEND, EVENTS, SESSIONS, row_key
+from dsh_schedule.shared.store.postgres_schema import (
+    APPEND,
+    APPEND_MANY,
+    EVENTS,
+    SESSIONS,
+    row_key,
+)
 
 logger = logging.getLogger("dsh_schedule.shared.store.postgres")
 
@@ -30,6 +37,18 @@ logger = logging.getLogger("dsh_schedule.shared.store.postgres")
 # with this prefix).
 FLUSH_MARK = ("SELECT set_config('synchronous_commit', 'on', true), "
               "pg_logical_emit_message(true, 'dsh-schedule-flush', '')")
+
+
+class _Prepared(NamedTuple):
+    """One session's append, checked against its entry and ready for the statement."""
+
+    session_id: str
+    token: int
+    expected: int
+    candidates: tuple[Event, ...]
+    lines: list[bytes]
+    schedule: bool
+    due: int | None
 
 
 class PostgresAppending(PostgresReading):
@@ -69,37 +88,23 @@ class PostgresAppending(PostgresReading):
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int, *,
         durable: bool = False,
     ) -> tuple[Event, ...]:
-        candidates = number_events(events, expected_seq)
-        lines = [encode_event(e)[:-1] for e in candidates]
         key = row_key(session_id)
         for attempt in range(2):
             entry = self._entry_at(session_id, expected_seq)
             with entry.lock:
-                if entry.length != expected_seq:
-                    raise FenceConflict(expected_seq, entry.length)
-                if not candidates:
+                prepared = self._prepare(session_id, entry, events, expected_seq)
+                if not prepared.candidates:
                     return ()
-                schedule = touches_schedule(candidates)
-                due = None
-                if schedule:
-                    due = next_due_moment_ms(check_candidate(entry.digest.fold(), candidates))
+                candidates, lines = prepared.candidates, prepared.lines
                 params = {
                     "id": key, "token": entry.token, "expected": expected_seq,
-                    "length": expected_seq + len(candidates), "schedule": schedule, "due": due,
-                    "seqs": [e.seq for e in candidates], "lines": lines, "durable": durable,
+                    "length": expected_seq + len(candidates), "schedule": prepared.schedule,
+                    "due": prepared.due, "seqs": [e.seq for e in candidates], "lines": lines,
+                    "durable": durable,
                 }
                 written = self._write_append(session_id, params, entry.token, candidates, lines)
                 if written == len(candidates):
-                    with self._unconfirmed_lock:
-                        kept = self._unflushed.get(session_id)
-                        # Committed synchronously: durable, and so is every commit before
-                        # it (the server's log is one sequence); earlier appends of this
-                        # store to the session are still checked by the flush.
-                        if not durable or kept is not None:
-                            self._unflushed[session_id] = Unflushed.after(
-                                kept, entry.token, candidates, lines, self._reach.epoch)
-                    entry.feed(candidates, [len(line) + 1 for line in lines], lines[-1])
-                    self._cache.settle(session_id, entry)
+                    self._appended(entry, prepared, durable=durable)
                     return candidates
                 if written < 0:
                     return candidates  # unknown outcome: kept unconfirmed, flush tells
@@ -110,6 +115,144 @@ class PostgresAppending(PostgresReading):
                 break
         entry = self._entry_at(session_id, expected_seq)
         raise FenceConflict(expected_seq, entry.length)
+
+    def _prepare(self, session_id: str, entry: SessionEntry, events: Sequence[NewEvent],
+                 expected_seq: int) -> _Prepared:
+        """The append of ``events`` at ``expected_seq``, checked against the session's
+        entry (its lock held): ``FenceConflict`` when the entry stands elsewhere, the
+        ``schedule/change`` invariant checked (``ScheduleLogError``) and the next due
+        moment derived for the index."""
+        if entry.length != expected_seq:
+            raise FenceConflict(expected_seq, entry.length)
+        candidates = number_events(events, expected_seq)
+        lines = [encode_event(e)[:-1] for e in candidates]
+        schedule = bool(candidates) and touches_schedule(candidates)
+        due = None
+        if schedule:
+            due = next_due_moment_ms(check_candidate(entry.digest.fold(), candidates))
+        return _Prepared(session_id, entry.token, expected_seq, candidates, lines, schedule,
+                         due)
+
+    def _appended(self, entry: SessionEntry, prepared: _Prepared, *, durable: bool) -> None:
+        """Note a committed append (the entry's lock held): kept for the flush to check
+        unless committed synchronously, and fed to the entry."""
+        session_id, candidates, lines = prepared.session_id, prepared.candidates, prepared.lines
+        with self._unconfirmed_lock:
+            kept = self._unflushed.get(session_id)
+            # Committed synchronously: durable, and so is every commit before it (the
+            # server's log is one sequence); earlier appends of this store to the session
+            # are still checked by the flush.
+            if not durable or kept is not None:
+                self._unflushed[session_id] = Unflushed.after(
+                    kept, prepared.token, candidates, lines, self._reach.epoch)
+        entry.feed(candidates, [len(line) + 1 for line in lines], lines[-1])
+        self._cache.settle(session_id, entry)
+
+    def append_many(
+        self, items: Sequence[tuple[str, Sequence[NewEvent], int]]
+    ) -> dict[str, tuple[Event, ...] | Exception]:
+        """``append`` for many sessions (``flushing.AppendsMany``), each fenced at its own
+        length, in one statement: each one's events appended, or what failed for it alone
+        (``FenceConflict``, a ``ScheduleLogError``, a ``PersistenceError``). A session
+        whose fence did not hold in the statement is tried again alone, as ``append``
+        tries; so is every one when the server refused the statement itself. One whose
+        reply was lost leaves every append in it unconfirmed, as ``append`` does."""
+        results: dict[str, tuple[Event, ...] | Exception] = {}
+        ready: list[tuple[SessionEntry, _Prepared, Sequence[NewEvent]]] = []
+        if len({session_id for session_id, _, _ in items}) != len(items):
+            raise ValueError("a session is appended to twice in one batch")
+        for session_id, events, expected_seq in items:
+            try:
+                self._settle(session_id)
+                entry = self._entry_at(session_id, expected_seq)
+                with entry.lock:
+                    prepared = self._prepare(session_id, entry, events, expected_seq)
+            except Exception as exc:  # that session's alone
+                results[session_id] = exc
+                continue
+            if not prepared.candidates:
+                results[session_id] = ()
+            else:
+                ready.append((entry, prepared, events))
+        if len(ready) <= 1:
+            for _entry, prepared, events in ready:
+                results[prepared.session_id] = self._one(prepared.session_id, events,
+                                                         prepared.expected)
+            return results
+        try:
+            fenced = self._write_many([prepared for _, prepared, _ in ready])
+        except PersistenceError as exc:
+            if exc.errno is not None:  # an outage: nothing was written
+                results.update((prepared.session_id, exc) for _, prepared, _ in ready)
+                return results
+            fenced = set()  # the statement was refused: each one alone
+        if fenced is None:  # unknown outcome: kept unconfirmed, flush tells
+            results.update((p.session_id, p.candidates) for _, p, _ in ready)
+            return results
+        for entry, prepared, events in ready:
+            session_id = prepared.session_id
+            if row_key(session_id) not in fenced:
+                self._cache.drop(session_id)  # the log moved, or the statement was refused
+                results[session_id] = self._one(session_id, events, prepared.expected)
+                continue
+            with entry.lock:
+                if entry.length == prepared.expected and entry.token == prepared.token:
+                    self._appended(entry, prepared, durable=False)
+                else:  # fed meanwhile by another thread: read again when next asked
+                    self._cache.drop(session_id)
+                    with self._unconfirmed_lock:
+                        self._unflushed[session_id] = Unflushed.after(
+                            self._unflushed.get(session_id), prepared.token,
+                            prepared.candidates, prepared.lines, self._reach.epoch)
+            results[session_id] = prepared.candidates
+        return results
+
+    def _one(self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+             ) -> tuple[Event, ...] | Exception:
+        try:
+            return self._append(session_id, events, expected_seq)
+        except Exception as exc:  # that session's alone
+            return exc
+
+    def _write_many(self, prepared: Sequence[_Prepared]) -> set[str] | None:
+        """The statement appending ``prepared``: the row keys of the sessions whose fence
+        held, or None when its outcome is unknown (each append recorded for ``flush``)."""
+        params: dict[str, Any] = {
+            "ids": [], "tokens": [], "expected": [], "lengths": [], "schedule": [], "due": [],
+            "line_ids": [], "seqs": [], "lines": []}
+        for p in prepared:
+            key = row_key(p.session_id)
+            params["ids"].append(key)
+            params["tokens"].append(p.token)
+            params["expected"].append(p.expected)
+            params["lengths"].append(p.expected + len(p.candidates))
+            params["schedule"].append(p.schedule)
+            params["due"].append(p.due)
+            params["line_ids"].extend([key] * len(p.candidates))
+            params["seqs"].extend(e.seq for e in p.candidates)
+            params["lines"].extend(p.lines)
+        sent = False
+        try:
+            with self._connection(f"append to {len(prepared)} sessions", writes=True) as conn:
+                try:
+                    sent = True
+                    return set(self._execute_append_many(conn, params))
+                except psycopg.Error:
+                    if conn.broken:
+                        raise
+                    sent = False  # the server answered: it rolled the statement back
+                    raise
+        except PersistenceError as exc:
+            if not (sent and connection_lost(exc)):
+                raise
+        # The connection was lost after the statement was sent: committed or not.
+        for p in prepared:
+            self._cache.drop(p.session_id)
+            with self._unconfirmed_lock:
+                self._unconfirmed[p.session_id] = Unconfirmed(p.token, p.candidates, p.lines)
+        logger.warning("append to %d sessions: outcome unknown, the connection was lost "
+                       "after the statement was sent", len(prepared))
+        return None
 
     def flush_many(self, session_ids: Sequence[str], *, again: bool = True
                    ) -> dict[str, PersistenceError]:
@@ -228,6 +371,12 @@ class PostgresAppending(PostgresReading):
         """Run the append statement; the number of lines it inserted."""
         return conn.execute(APPEND, params).rowcount
 
+    def _execute_append_many(self, conn: psycopg.Connection[Any], params: dict[str, Any]
+                             ) -> list[str]:
+        """Run the statement appending to many sessions; the row key of each line it
+        inserted."""
+        return [row[0] for row in conn.execute(APPEND_MANY, params).fetchall()]
+
     def _flush_primitive(self, session_id: str) -> None:
         """Called for each session a flush confirms, before the synchronous commit
         (nothing of its own to do)."""
@@ -268,13 +417,7 @@ class PostgresAppending(PostgresReading):
         the lines are committed on return (once the log has moved on without them, they
         are forgotten: that flush says so, later ones confirm the rest)."""
         first = pending.events[0].seq
-        stop = first + len(pending.events)
-        with self._connection(f"confirm session {session_id!r}") as conn:
-            row = conn.execute(f"SELECT token, length FROM {SESSIONS} WHERE id = %s",
-                               (key,)).fetchone()
-            found = [bytes(r[0]) for r in conn.execute(
-                f"SELECT line FROM {EVENTS} WHERE session_id = %s AND seq >= %s AND seq < %s "
-                "ORDER BY seq", (key, first, stop)).fetchall()]
+        row, found = self._committed(session_id, key, pending)
         if row is not None and int(row[0]) == pending.token:
             if found == pending.lines:
                 with self._unconfirmed_lock:  # committed: the flush makes it durable
@@ -288,7 +431,11 @@ class PostgresAppending(PostgresReading):
                 try:
                     self._append(session_id, again, first)
                 except (FenceConflict, ScheduleLogError):
-                    pass  # moved on meanwhile: not kept
+                    # Moved on meanwhile: not kept, unless by another confirm of the same
+                    # append (the outage's end, ``_after_outage``, or another thread)
+                    if self._committed(session_id, key, pending)[1] == pending.lines:
+                        self._forget(session_id, pending)
+                        return
                 else:
                     with self._unconfirmed_lock:
                         confirmed = self._unconfirmed.get(session_id) is pending
@@ -300,6 +447,19 @@ class PostgresAppending(PostgresReading):
         self._forget(session_id, pending)
         raise PersistenceError(
             f"an append to session {session_id!r} of unknown outcome was not kept")
+
+    def _committed(self, session_id: str, key: str, pending: Unconfirmed
+                   ) -> tuple[tuple[Any, ...] | None, list[bytes]]:
+        """The session's row (token, length; None: none) and its committed lines where
+        ``pending`` was sent."""
+        first = pending.events[0].seq
+        with self._connection(f"confirm session {session_id!r}") as conn:
+            row = conn.execute(f"SELECT token, length FROM {SESSIONS} WHERE id = %s",
+                               (key,)).fetchone()
+            found = [bytes(r[0]) for r in conn.execute(
+                f"SELECT line FROM {EVENTS} WHERE session_id = %s AND seq >= %s AND seq < %s "
+                "ORDER BY seq", (key, first, first + len(pending.events))).fetchall()]
+        return row, found
 
     def _forget(self, session_id: str, pending: Unconfirmed) -> None:
         with self._unconfirmed_lock:

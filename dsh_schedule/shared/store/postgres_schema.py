@@ -62,6 +62,33 @@ FROM fenced, unnest(%(seqs)s::bigint[], %(lines)s::bytea[]) AS t (seq, line)
 WHERE CASE WHEN %(durable)s THEN set_config('synchronous_commit', 'on', true) = 'on'
     ELSE true END
 """
+# The appends to many sessions, each fenced at its own length, in one statement (one
+# transaction, committed as the connection says: off). The rows are locked in id order,
+# so two such statements over the same sessions wait for each other, never deadlock; a
+# session whose fence does not hold gets no line. The ids of the lines inserted.
+APPEND_MANY: Final = f"""
+WITH w AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::bigint[], %(expected)s::bigint[],
+                         %(lengths)s::bigint[], %(schedule)s::boolean[], %(due)s::bigint[])
+        AS w (id, token, expected, length, schedule, due)
+), locked AS (
+    SELECT s.id FROM {SESSIONS} s JOIN w ON s.id = w.id
+    WHERE s.length = w.expected AND s.token = w.token
+    ORDER BY s.id FOR UPDATE OF s
+), fenced AS (
+    UPDATE {SESSIONS} s SET length = w.length,
+        next_due_ms = CASE WHEN w.schedule THEN w.due ELSE s.next_due_ms END,
+        next_due_length = CASE WHEN w.schedule THEN w.length ELSE s.next_due_length END
+    FROM w WHERE s.id = w.id AND s.length = w.expected AND s.token = w.token
+        AND s.id IN (SELECT id FROM locked)
+    RETURNING s.id
+)
+INSERT INTO {EVENTS} (session_id, seq, line)
+SELECT fenced.id, l.seq, l.line
+FROM unnest(%(line_ids)s::text[], %(seqs)s::bigint[], %(lines)s::bytea[]) AS l (id, seq, line)
+JOIN fenced ON fenced.id = l.id
+RETURNING session_id
+"""
 # Each session's row and its rows from its own seq on, in one statement (one snapshot),
 # the session id first. The events are joined on ``w.id``, not ``s.id``: so the planner
 # bounds their index scan by ``w.from_seq`` too, instead of reading every row of a
