@@ -38,7 +38,7 @@ from dsh_schedule.shared.transaction import (
 from dsh_schedule.worker.due_check import DueCheck, WakeBatch
 from dsh_schedule.worker.due_dispatch import DueDispatch
 from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
-from dsh_schedule.worker.retry import RETRIED, WakeRetries
+from dsh_schedule.worker.retry import RETRIED, RETRY_MAX_S, WakeRetries
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,13 @@ class DueOwner:
         outcomes.update(batch.outcomes)
         self._tx.rearm_many([(agent, batch.settled[agent]) for agent in agents
                              if batch.outcomes[agent] is WakeOutcome.SETTLED])
+        # A failed agent's retry is owed in this worker's memory (``_owe_retries``), lost
+        # if it dies: a wake RETRY_MAX_S on stands for it in Redis meanwhile, superseded by
+        # the retry's own re-arm.
+        failed = [agent for agent in agents if batch.outcomes[agent] in RETRIED]
+        if failed:
+            last = self._clock() + int(RETRY_MAX_S * 1000)
+            self._coord.wakes.arm_at([(agent, last) for agent in failed], self._clock())
         return [agent for agent in agents if agent in batch.announce
                 or batch.outcomes[agent] is WakeOutcome.BARRIER_FAILED]
 

@@ -284,6 +284,38 @@ def test_cancel_retires_the_current_wake(
     assert wakes.projections([AGENT])[0].wake is None
 
 
+@pytest.mark.parametrize("target", [T2, None], ids=["re-arm", "retire"])
+def test_an_arm_whose_lock_expired_leaves_the_wake_a_later_holder_armed(
+    redis_client: redis.Redis, settings: Settings, keys: Keys, queue: str,
+    target: int | None,
+) -> None:
+    # given a holder paused past its lock's time to live, and another process that took
+    # the lock since and armed the agent's wake from a longer log
+    stale, other = Coordination(redis_client, settings), Coordination(redis_client, settings)
+    with stale.locks.hold(AGENT, wait_s=1):
+        redis_client.delete(keys.lock(AGENT))  # expired
+        with other.locks.hold(AGENT, wait_s=1):
+            armed = other.wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
+        # when the first holder arms (or retires) from what it read before
+        got = stale.wakes.arm([ArmRequest(AGENT, target, queue)])
+    # then the later wake stands, and the agent is woken at once to arm from its log
+    assert got == [None]
+    assert schedule(redis_client, keys) == {str(armed): S1}
+    assert len(queued(redis_client, queue)) == 1
+
+
+def test_an_arm_while_its_lock_holds_writes(
+    redis_client: redis.Redis, settings: Settings, keys: Keys, queue: str
+) -> None:
+    coordination = Coordination(redis_client, settings)
+    with coordination.locks.hold(AGENT, wait_s=1):
+        armed = coordination.wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
+        assert schedule(redis_client, keys) == {str(armed): S1}
+        assert coordination.wakes.arm([ArmRequest(AGENT, None, queue)]) == [None]
+    assert schedule(redis_client, keys) == {}
+    assert queued(redis_client, queue) == []
+
+
 def test_wakes_of_different_agents_are_independent(
     wakes: WakeProjection, redis_client: redis.Redis, keys: Keys, queue: str
 ) -> None:

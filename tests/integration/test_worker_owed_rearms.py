@@ -11,9 +11,11 @@ import redis
 from rq import Queue
 
 from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
 from dsh_schedule.worker.outcome import WakeOutcome
+from dsh_schedule.worker.retry import RETRY_MAX_S
 from tests.support import FakeClock, dispatch_records, new_session, refuse_writes
 
 pytestmark = [pytest.mark.redis]
@@ -80,3 +82,38 @@ def test_a_worker_repays_the_wake_its_failed_batch_owes(
     for _ in range(3):
         system.step()
     assert len(dispatch_records(store, session)) == 2
+
+
+def test_a_wake_that_failed_on_its_store_leaves_a_wake_in_redis_for_its_retry(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    """The retry of a wake that failed on its own agent is owed in the worker's memory,
+    lost if the worker dies before it: a wake at most ``RETRY_MAX_S`` later stands in Redis
+    for it meanwhile (docs/architecture.md#owed-re-arms)."""
+    # given an agent whose one-shot is due, its wake handed on to a worker
+    clock = FakeClock()
+    store = MemoryStore()
+    system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
+                            client=redis_client, injected_clock=True)
+    session = new_session(store)
+    system.host.open_root(session)
+    system.step()
+    _d, handler = system.host.agents[session].tools["schedule_create"]
+    assert not handler({"prompt": "stretch", "after_seconds": 60}).is_error
+    clock.advance(60)
+    system.host.plugin.renew_leases()
+    assert system.coordination.wakes.move_due(clock()) == 1
+    Queue(settings.queue, connection=redis_client).empty()
+
+    # when its preflight fails on the store, and the worker then forgets what it owes
+    store.fail_next_flush()
+    outcome = system.owner.wake_many([(session, clock())])[session]
+    assert outcome is WakeOutcome.PREFLIGHT_FAILED
+    assert system.owner.owed.owed() == [session]
+    del system
+
+    # then a wake for the agent waits in the schedule, RETRY_MAX_S on
+    scheduled: Any = redis_client.zrange(Keys(settings.prefix).scheduled_jobs(), 0, -1,
+                                         withscores=True)
+    assert [score for _id, score in scheduled] == [(clock() + RETRY_MAX_S * 1000) / 1000]
+    assert dispatch_records(store, session) == []

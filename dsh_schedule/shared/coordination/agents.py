@@ -44,7 +44,7 @@ class Coordination:
         self.wakes = WakeProjection(client, self.keys, leases=self.leases,
                                     followups=self.followups,
                                     followup_stale_ms=self.followup_stale_ms,
-                                    clock=self.clock)
+                                    clock=self.clock, locks=self.locks)
         # Timers of the sessions no host has loaded (``Settings.wake_unloaded``).
         self.unloaded = UnloadedTimers(client, self.keys, settings)
         self._unloaded_queue = settings.queue if settings.wake_unloaded else None

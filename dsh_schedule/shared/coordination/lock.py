@@ -10,6 +10,7 @@ lock expired while it was paused cannot slip a stale decision into the log.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -66,6 +67,31 @@ class AgentLocks:
         self._client = client
         self._keys = keys
         self._ttl_s = ttl_s
+        # The tokens of the locks this thread holds, by agent (``token_of``).
+        self._mine = threading.local()
+
+    def token_of(self, agent: str) -> bytes | None:
+        """The token of the agent's lock while this thread holds it (None: it does not):
+        a write that must be made only while the lock is still ours checks it in Redis
+        (``WakeProjection.arm``)."""
+        return self._tokens().get(agent)
+
+    def _tokens(self) -> dict[str, bytes]:
+        tokens: dict[str, bytes] | None = getattr(self._mine, "tokens", None)
+        if tokens is None:
+            tokens = self._mine.tokens = {}
+        return tokens
+
+    def _note(self, agents: Sequence[str], token: bytes) -> None:
+        tokens = self._tokens()
+        for agent in agents:
+            tokens[agent] = token
+
+    def _forget(self, agents: Sequence[str], token: bytes) -> None:
+        tokens = self._tokens()
+        for agent in agents:
+            if tokens.get(agent) == token:
+                del tokens[agent]
 
     @contextmanager
     def hold(self, agent: str, *, wait_s: float) -> Iterator[HeldLock]:
@@ -97,10 +123,13 @@ class AgentLocks:
 
     @contextmanager
     def _holding(self, agent: str, lock: Lock) -> Iterator[HeldLock]:
-        held = HeldLock(self._keys.lock(agent), lock.local.token)
+        token = lock.local.token
+        held = HeldLock(self._keys.lock(agent), token)
+        self._note([agent], token)
         try:
             yield held
         finally:
+            self._forget([agent], token)
             if not held.released:
                 try:
                     lock.release()
@@ -154,9 +183,11 @@ class AgentLocks:
         taken = _TAKE.run_items(self._client,
                                 [([key], [token, ttl_ms]) for key in keys.values()])
         held = {agent for agent, ok in zip(keys, taken, strict=True) if ok}
+        self._note(list(held), token.encode())
         try:
             yield held
         finally:
+            self._forget(list(held), token.encode())
             if held:
                 try:
                     _RELEASE.run(self._client, [keys[a] for a in held], [token])

@@ -24,7 +24,7 @@ from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
 from dsh_schedule.shared.coordination.followups import Followups, stream_id_ms
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.leases import Leases
-from dsh_schedule.shared.coordination.lock import HeldLock
+from dsh_schedule.shared.coordination.lock import AgentLocks, HeldLock
 from dsh_schedule.shared.coordination.mover import PrefixedScheduler
 from dsh_schedule.shared.coordination.scripts import SCRIPT_BATCH_MAX, LuaScript, item_replies
 from dsh_schedule.shared.coordination.wake_jobs import (
@@ -55,10 +55,12 @@ _OWN_FIELDS: Final = ("origin",)
 
 class _Scheduled(NamedTuple):
     """One wake for ``_ARM_WRITE``: its keys (job hash, current-wake pointer, superseded
-    job hash) and its arguments (wake id, score, superseded id, ``_OWN_FIELDS`` values)."""
+    job hash, lock) and its arguments (wake id, score, superseded id, lock token,
+    ``_OWN_FIELDS`` values); the request it arms."""
 
-    keys: tuple[str, str, str]
+    keys: tuple[str, str, str, str]
     args: tuple[Any, ...]
+    request: ArmRequest
 
 
 class ArmRequest(NamedTuple):
@@ -107,9 +109,11 @@ class WakeProjection:
 
     def __init__(self, client: redis.Redis, keys: Keys, *, leases: Leases,
                  followups: Followups, followup_stale_ms: int,
-                 clock: Clock = wall_clock_ms) -> None:
+                 clock: Clock = wall_clock_ms, locks: AgentLocks | None = None) -> None:
         self._client = client
         self._keys = keys
+        # Whose locks an arm checks are still held (None: no check).
+        self._locks = locks
         self._leases = leases
         self._followups = followups
         self._followup_stale_ms = followup_stale_ms
@@ -131,9 +135,16 @@ class WakeProjection:
         again on its queue's ready stream (its first announcement, or the host holding it,
         was lost), so the reconcile pass repairs a lost announcement by enqueueing a wake.
         """
-        if not folds:
+        return self.arm_at([(agent, next_wake_ms(state, now_ms)) for agent, state in folds],
+                           now_ms, release=release)
+
+    def arm_at(
+        self, targets: Sequence[tuple[str, int | None]], now_ms: int, *,
+        release: HeldLock | None = None,
+    ) -> list[str | None]:
+        """``rearm`` for targets already decided (None: no wake), each agent's lock held."""
+        if not targets:
             return []
-        targets = [(agent, next_wake_ms(state, now_ms)) for agent, state in folds]
         requests: list[ArmRequest] = []
         facts: list[ArmFacts] = []
         stale: dict[str, list[str]] = {}
@@ -153,7 +164,7 @@ class WakeProjection:
             if announced:
                 log.info("announced %d stale followup stream(s) again", len(announced))
         current = dict(zip((r.agent for r in requests), armed, strict=True))
-        return [current.get(agent) for agent, _state in folds]
+        return [current.get(agent) for agent, _target in targets]
 
     def _leases_of(
         self, targets: Sequence[tuple[str, int | None]], *, now_ms: int,
@@ -201,18 +212,28 @@ class WakeProjection:
         wake id (None: no wake). An agent already armed for exactly that target keeps its
         wake; any other target, even in the same second, supersedes it. ``facts``: each
         request's ``ArmFacts``, when the caller has just read them. With ``release``, the
-        lock is released in the same write."""
+        lock is released in the same write.
+
+        The write is made only while this thread's lock of the agent still holds in Redis
+        (``AgentLocks.token_of``): a holder paused past its lock's time to live would
+        otherwise arm from a log that another writer has since appended to, replacing the
+        wake that writer armed. Such an agent is woken at once instead (its wake re-reads
+        the log and arms it), and its wake id answered as None."""
         if facts is None:
             with self._client.pipeline(transaction=False) as pipe:
                 calls = self._queue_arm_facts(pipe, [(r.agent, r.target_ms) for r in requests])
                 facts = self._arm_facts(iter(pipe.execute()), calls)
         results: list[str | None] = []
         retired: list[tuple[list[str], list[str]]] = []
+        retiring: list[ArmRequest] = []
         scheduled: dict[tuple[tuple[str, Any], ...], list[_Scheduled]] = {}
+        position: dict[str, int] = {}
         for r, fact in zip(requests, facts, strict=True):
             previous = fact.previous
+            position[r.agent] = len(results)
             if r.target_ms is None:
                 retired.append(self._retire_item(r.agent, previous))
+                retiring.append(r)
                 results.append(None)
                 continue
             job_id = wake_job_id(r.agent, r.target_ms)
@@ -227,13 +248,13 @@ class WakeProjection:
                 # Scheduled for another millisecond, queued, running or failed under
                 # this id: never re-schedule it.
                 job_id = f"{job_id}_{self._client.incr(self._keys.wake_counter(r.agent))}"
-            shared, wake = self._scheduled(r.agent, r.target_ms, r.queue, job_id, previous)
+            shared, wake = self._scheduled(r, job_id, previous)
             scheduled.setdefault(shared, []).append(wake)
             results.append(job_id)
         with self._client.pipeline() as pipe:
-            _RETIRE.queue_items(pipe, retired)
-            for shared, wakes in scheduled.items():
-                self._write_arms(pipe, shared, wakes)
+            retire_calls = _RETIRE.queue_items(pipe, retired)
+            chunks = [chunk for shared, wakes in scheduled.items()
+                      for chunk in self._write_arms(pipe, shared, wakes)]
             if scheduled:
                 # Wake a scheduler that sleeps until its next known due time: this wake
                 # may be due sooner. One element at most, so nothing grows.
@@ -241,10 +262,29 @@ class WakeProjection:
                 pipe.ltrim(self._keys.mover_nudge(), 0, 0)
             if release is not None:
                 release.release_on(pipe)
-            pipe.execute()
+            replies = iter(pipe.execute())
         if release is not None:
             release.released_by_pipeline()
+        lost = [r for r, done in zip(retiring, item_replies(replies, retire_calls),
+                                     strict=True) if not done]
+        lost.extend(chunk[i - 1] for chunk in chunks for i in next(replies))
+        if lost:
+            for r in lost:
+                results[position[r.agent]] = None
+            self._woken_instead(lost)
         return results
+
+    def _woken_instead(self, lost: Sequence[ArmRequest]) -> None:
+        """Wake at once the agents whose arm found their lock gone: each wake re-reads its
+        log under the lock and arms from there."""
+        by_queue: dict[str, list[str]] = {}
+        for r in lost:
+            if r.queue:
+                by_queue.setdefault(r.queue, []).append(r.agent)
+        log.warning("%d agent(s) not armed: their lock expired before the arm; woken to arm "
+                    "from their logs (docs/architecture.md#wake-projection)", len(lost))
+        if by_queue:
+            self.trigger_many(by_queue)
 
     def _queue_arm_facts(self, pipe: Pipeline, targets: Sequence[tuple[str, int | None]]) -> int:
         """Queue on ``pipe`` the read ``_arm_facts`` decodes for each ``(agent, target)``
@@ -267,41 +307,53 @@ class WakeProjection:
                          taken=bool(taken))
                 for previous, score, taken in item_replies(replies, calls)]
 
+    def _token(self, agent: str) -> bytes:
+        """The token the agent's arm checks its lock for (b'': no check)."""
+        token = self._locks.token_of(agent) if self._locks is not None else None
+        return b"" if token is None else token
+
     def _scheduled(
-        self, agent: str, target_ms: int, queue: str, job_id: str, previous: str | None,
+        self, r: ArmRequest, job_id: str, previous: str | None,
     ) -> tuple[tuple[tuple[str, Any], ...], _Scheduled]:
         """One wake's writes (``_ARM_WRITE``): its job hash (``wake_job_hash``) and its score,
         the exact millisecond rather than rq-scheduler's whole second, the current-wake
-        pointer and the superseded wake's removal. Returns the job hash's fields every
-        wake shares, and the rest."""
-        fields = wake_job_hash(self._client, job_id, queue)
+        pointer and the superseded wake's removal, while the agent's lock holds. Returns
+        the job hash's fields every wake shares, and the rest."""
+        assert r.target_ms is not None
+        fields = wake_job_hash(self._client, job_id, r.queue)
         own = tuple(fields.pop(name, "") for name in _OWN_FIELDS)
-        log.debug("arming %s for %s at %d", job_id, agent, target_ms)
+        log.debug("arming %s for %s at %d", job_id, r.agent, r.target_ms)
         return tuple(fields.items()), _Scheduled(
-            keys=(Job.key_for(job_id), self._keys.current_wake(agent),
-                  Job.key_for(previous or job_id)),
-            args=(job_id, repr(wake_score(target_ms)), previous or "", *own),
+            keys=(Job.key_for(job_id), self._keys.current_wake(r.agent),
+                  Job.key_for(previous or job_id), self._keys.lock(r.agent)),
+            args=(job_id, repr(wake_score(r.target_ms)), previous or "",
+                  self._token(r.agent), *own),
+            request=r,
         )
 
     def _write_arms(self, pipe: Pipeline, shared: tuple[tuple[str, Any], ...],
-                    wakes: list[_Scheduled]) -> None:
+                    wakes: list[_Scheduled]) -> list[list[ArmRequest]]:
         """Queue ``_ARM_WRITE`` for ``wakes``, whose job hashes share the fields ``shared``:
-        at most ``SCRIPT_BATCH_MAX`` wakes to a call."""
+        at most ``SCRIPT_BATCH_MAX`` wakes to a call. The requests of each call, in order."""
         head: list[Any] = [len(shared), *(part for pair in shared for part in pair),
                            len(_OWN_FIELDS), *_OWN_FIELDS]
+        chunks: list[list[ArmRequest]] = []
         for start in range(0, len(wakes), SCRIPT_BATCH_MAX):
             chunk = wakes[start:start + SCRIPT_BATCH_MAX]
             keys = [self.scheduler.scheduled_jobs_key, *(k for w in chunk for k in w.keys)]
             args = [*head, *(a for w in chunk for a in w.args)]
             _ARM_WRITE.queue(pipe, keys, args)
+            chunks.append([w.request for w in chunk])
+        return chunks
 
-    def _retire_item(self, agent: str, previous: str | None) -> tuple[list[str], list[str]]:
-        """The ``_RETIRE`` item that removes the agent's current wake, if any."""
+    def _retire_item(self, agent: str, previous: str | None) -> tuple[list[str], list[Any]]:
+        """The ``_RETIRE`` item that removes the agent's current wake, if any, while its
+        lock holds."""
         current = self._keys.current_wake(agent)
         return ([self.scheduler.scheduled_jobs_key,
                  Job.key_for(previous) if previous is not None else current,
-                 current, self._keys.wake_counter(agent)],
-                [previous or ""])
+                 current, self._keys.wake_counter(agent), self._keys.lock(agent)],
+                [previous or "", self._token(agent)])
 
     def trigger(self, agent: str, queue: str) -> None:
         """Enqueue an immediate wake; the wake decides everything under the lock."""
