@@ -48,6 +48,7 @@ from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.settings import Settings
+from dsh_schedule.shared.store.flushing import load_each
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.transaction import OwedRearms
 
@@ -553,12 +554,14 @@ class HostBridge:
     def _end_turns(self, agents: list[str], token: str) -> None:
         released = self._coord.phase.release(agents, "turn", token)
         wake = []
+        # The logs read together (one round trip where the store can).
+        logs = load_each(self._store, agents)
         for agent, release in zip(agents, released, strict=True):
-            try:
-                _session, state = self._store.load(agent)
-                active = bool(state.active)
-            except (PersistenceError, ScheduleLogError):
-                active = False
+            loaded = logs[agent]
+            if isinstance(loaded, Exception) and not isinstance(
+                    loaded, PersistenceError | ScheduleLogError):
+                raise loaded
+            active = not isinstance(loaded, Exception) and bool(loaded[1].active)
             if release is Release.WAITER_WOKEN or active:
                 wake.append(agent)
         if wake:

@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -33,6 +33,7 @@ from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.errors import (
+    FenceConflict,
     PersistenceError,
     ScheduleLogError,
     disk_outage_errno,
@@ -49,7 +50,7 @@ from dsh_schedule.shared.core.events import (
 from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.flushing import flush_each
+from dsh_schedule.shared.store.flushing import append_each, flush_each
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.transaction import retry_fenced
 
@@ -329,8 +330,7 @@ class ReferenceHost:
                 delivered.append((session_id, delivery))
                 if self._on_delivery is not None:
                     self._on_delivery(session_id, delivery)
-                if (failure := self._finish(session_id, delivery, flush=False)) is not None:
-                    failures[session_id] = failure
+            failures.update(self._finish_many(found.delivered))
             finished = [agent for agent in found.delivered if agent not in failures]
             for session_id, exc in flush_each(self.store, finished).items():
                 # The turn is appended; the next flush of the session confirms it.
@@ -430,6 +430,33 @@ class ReferenceHost:
         return self._finish_unfinished(session_id, flush=flush,
                                        at=delivery.turn + len(delivery.events))
 
+    def _finish_many(self, deliveries: Mapping[str, Delivery]) -> dict[str, PersistenceError]:
+        """``_finish`` for many delivered turns, unflushed, their ends appended together (one
+        round trip where the store can: ``flushing.append_each``); the failures, by
+        session. An end whose log moved meanwhile is appended as ``_finish`` appends it."""
+        now = self.clock()
+        items = []
+        for session_id, delivery in deliveries.items():
+            self._unfinished[session_id] = (delivery.turn, _acknowledge(delivery))
+            items.append((session_id, _turn_end(delivery.turn, _acknowledge(delivery), now),
+                          delivery.turn + len(delivery.events)))
+        written = append_each(self.store, items)
+        failures: dict[str, PersistenceError] = {}
+        for session_id in deliveries:
+            result = written[session_id]
+            if isinstance(result, FenceConflict):
+                failure = self._finish_unfinished(session_id, flush=False)
+            elif isinstance(result, PersistenceError):
+                failure = result  # kept in ``_unfinished``, appended first next time
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                del self._unfinished[session_id]
+                failure = None
+            if failure is not None:
+                failures[session_id] = failure
+        return failures
+
     def _finish_unfinished(self, session_id: str, *, flush: bool = True,
                            at: int | None = None) -> PersistenceError | None:
         """Append the kept end of the agent's open turn, if any (its turn phase
@@ -471,14 +498,7 @@ class ReferenceHost:
     def _finish_turn(self, session_id: str, turn: int, answer: str, *, flush: bool = True,
                      at: int | None = None) -> None:
         """Append the turn's answer and end (``at``: the log's length, when known)."""
-        now = self.clock()
-        self._append(session_id, [
-            NewEvent(type=STEP_START, time=now, data={"turn": turn, "step": 1}),
-            NewEvent(type=ASSISTANT_MESSAGE, time=now,
-                     data={"content": [{"type": "text", "text": answer}]}),
-            NewEvent(type=STEP_END, time=now, data={"turn": turn, "step": 1}),
-            NewEvent(type=TURN_END, time=now, data={"turn": turn}),
-        ], at=at)
+        self._append(session_id, _turn_end(turn, answer, self.clock()), at=at)
         if flush:
             self.store.flush(session_id)
 
@@ -494,6 +514,17 @@ class ReferenceHost:
             return length
 
         return retry_fenced(f"host append to {session_id}", attempt, attempts=8)
+
+
+def _turn_end(turn: int, answer: str, now: int) -> list[NewEvent]:
+    """The answer and end of a turn."""
+    return [
+        NewEvent(type=STEP_START, time=now, data={"turn": turn, "step": 1}),
+        NewEvent(type=ASSISTANT_MESSAGE, time=now,
+                 data={"content": [{"type": "text", "text": answer}]}),
+        NewEvent(type=STEP_END, time=now, data={"turn": turn, "step": 1}),
+        NewEvent(type=TURN_END, time=now, data={"turn": turn}),
+    ]
 
 
 def _user_message(now: int, text: str, source: dict[str, Any]) -> NewEvent:

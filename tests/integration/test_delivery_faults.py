@@ -246,11 +246,12 @@ class AnotherWriterInTheRound(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.interfere: str | None = None
+        self.interfere_in = 0  # in which of the rounds (0: the first)
         self.rounds: list[list[str]] = []
 
     def append_many(self, items: Any) -> dict[str, Any]:
         self.rounds.append([session_id for session_id, _events, _seq in items])
-        if self.interfere is not None:
+        if self.interfere is not None and len(self.rounds) > self.interfere_in:
             session_id, self.interfere = self.interfere, None
             length = len(self.read(session_id).events)
             self.append(session_id, [NewEvent(type=USER_MESSAGE, time=0, data={
@@ -298,3 +299,39 @@ def test_a_delivery_round_written_at_once_delivers_each_once_when_another_writer
     assert texts[-2] == "meanwhile" and texts[-1].endswith(f"\"for {sessions[1]}\"")
     system.step()
     assert all(len(reminder_messages(store, s)) == 1 for s in sessions)
+
+
+def test_turn_ends_written_at_once_each_follow_their_delivery_when_another_writer_came_between(
+    redis_client: redis.Redis, settings: Settings, clock: FakeClock
+) -> None:
+    # given three sessions with a reminder each, dispatched, and a store whose second
+    # round (the turns' ends, after the deliveries) finds another writer's message in one
+    store = AnotherWriterInTheRound()
+    system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
+                            client=redis_client, injected_clock=True)
+    sessions = [new_session(store, f"s{i}") for i in range(3)]
+    for session in sessions:
+        system.host.open_root(session)
+    system.step()
+    for session in sessions:
+        _create(system, session, prompt=f"for {session}", after_seconds=2)
+    clock.advance(3)
+    system.host.plugin.renew_leases()
+    system.owner.wake_many([(session, None) for session in sessions])
+    store.interfere, store.interfere_in = sessions[2], 1
+
+    # when the host delivers them in one round and ends their turns
+    delivered = [agent for agent, _delivery in system.host.serve()]
+
+    # then the turns' ends were written together, and each log ends its turn, the moved
+    # one after the other writer's message
+    assert sorted(delivered) == sorted(sessions)
+    assert sorted(store.rounds[1]) == sorted(sessions)
+    for session in sessions:
+        types = [e.type for e in store.read(session).events]
+        assert types[-1] == TURN_END
+        assert len(reminder_messages(store, session)) == 1
+    moved = store.read(sessions[2]).events
+    meanwhile = [i for i, e in enumerate(moved) if e.type == USER_MESSAGE
+                 and e.data["content"][0]["text"] == "meanwhile"]
+    assert meanwhile and meanwhile[0] < len(moved) - 4
