@@ -438,7 +438,7 @@ class ReferenceHost:
         items = []
         for session_id, delivery in deliveries.items():
             self._unfinished[session_id] = (delivery.turn, _acknowledge(delivery))
-            items.append((session_id, _turn_end(delivery.turn, _acknowledge(delivery), now),
+            items.append((session_id, turn_end(delivery.turn, _acknowledge(delivery), now),
                           delivery.turn + len(delivery.events)))
         written = append_each(self.store, items)
         failures: dict[str, PersistenceError] = {}
@@ -498,7 +498,7 @@ class ReferenceHost:
     def _finish_turn(self, session_id: str, turn: int, answer: str, *, flush: bool = True,
                      at: int | None = None) -> None:
         """Append the turn's answer and end (``at``: the log's length, when known)."""
-        self._append(session_id, _turn_end(turn, answer, self.clock()), at=at)
+        self._append(session_id, turn_end(turn, answer, self.clock()), at=at)
         if flush:
             self.store.flush(session_id)
 
@@ -516,8 +516,8 @@ class ReferenceHost:
         return retry_fenced(f"host append to {session_id}", attempt, attempts=8)
 
 
-def _turn_end(turn: int, answer: str, now: int) -> list[NewEvent]:
-    """The answer and end of a turn."""
+def turn_end(turn: int, answer: str, now: int) -> list[NewEvent]:
+    """The answer and end of a turn (this host's, the console's)."""
     return [
         NewEvent(type=STEP_START, time=now, data={"turn": turn, "step": 1}),
         NewEvent(type=ASSISTANT_MESSAGE, time=now,

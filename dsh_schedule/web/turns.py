@@ -13,11 +13,9 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from dsh_schedule.host.reference import ASSISTANT_MESSAGE, TOOL_CALL, TOOL_RESULT, Agent
+from dsh_schedule.host.reference import TOOL_CALL, TOOL_RESULT, Agent, turn_end
 from dsh_schedule.shared.core.events import (
-    STEP_END,
     STEP_START,
-    TURN_END,
     TURN_START,
     USER_MESSAGE,
     NewEvent,
@@ -93,14 +91,7 @@ def _turn(console: Console, session_id: str, text: str, client_time_zone: str | 
         reply = plan.reply or model.answer(answered, zone=reading_zone)
 
         def closing(_length: int) -> list[NewEvent]:
-            at = console.clock()
-            return [
-                NewEvent(type=STEP_START, time=at, data={"turn": turn, "step": 1}),
-                NewEvent(type=ASSISTANT_MESSAGE, time=at,
-                         data={"content": [{"type": "text", "text": reply}]}),
-                NewEvent(type=STEP_END, time=at, data={"turn": turn, "step": 1}),
-                NewEvent(type=TURN_END, time=at, data={"turn": turn}),
-            ]
+            return turn_end(turn, reply, console.clock())
 
         _append(console, session_id, closing)
         console.store.flush(session_id)

@@ -266,14 +266,11 @@ class AnotherWriterInTheRound(MemoryStore):
         return found
 
 
-def test_a_delivery_round_written_at_once_delivers_each_once_when_another_writer_came_between(
-    redis_client: redis.Redis, settings: Settings, clock: FakeClock
-) -> None:
-    # given three sessions with a reminder each, dispatched, and a store whose round's one
-    # write finds another writer's message in the second session
-    store = AnotherWriterInTheRound()
+def _three_dispatched(store: MemoryStore, client: redis.Redis, settings: Settings,
+                      clock: FakeClock) -> tuple[EmbeddedSystem, list[str]]:
+    """Three sessions served by one host, each with a reminder dispatched."""
     system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
-                            client=redis_client, injected_clock=True)
+                            client=client, injected_clock=True)
     sessions = [new_session(store, f"s{i}") for i in range(3)]
     for session in sessions:
         system.host.open_root(session)
@@ -283,6 +280,16 @@ def test_a_delivery_round_written_at_once_delivers_each_once_when_another_writer
     clock.advance(3)
     system.host.plugin.renew_leases()
     system.owner.wake_many([(session, None) for session in sessions])
+    return system, sessions
+
+
+def test_a_delivery_round_written_at_once_delivers_each_once_when_another_writer_came_between(
+    redis_client: redis.Redis, settings: Settings, clock: FakeClock
+) -> None:
+    # given three sessions with a reminder each, dispatched, and a store whose round's one
+    # write finds another writer's message in the second session
+    store = AnotherWriterInTheRound()
+    system, sessions = _three_dispatched(store, redis_client, settings, clock)
     store.interfere = sessions[1]
 
     # when the host delivers them in one round
@@ -307,17 +314,7 @@ def test_turn_ends_written_at_once_each_follow_their_delivery_when_another_write
     # given three sessions with a reminder each, dispatched, and a store whose second
     # round (the turns' ends, after the deliveries) finds another writer's message in one
     store = AnotherWriterInTheRound()
-    system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
-                            client=redis_client, injected_clock=True)
-    sessions = [new_session(store, f"s{i}") for i in range(3)]
-    for session in sessions:
-        system.host.open_root(session)
-    system.step()
-    for session in sessions:
-        _create(system, session, prompt=f"for {session}", after_seconds=2)
-    clock.advance(3)
-    system.host.plugin.renew_leases()
-    system.owner.wake_many([(session, None) for session in sessions])
+    system, sessions = _three_dispatched(store, redis_client, settings, clock)
     store.interfere, store.interfere_in = sessions[2], 1
 
     # when the host delivers them in one round and ends their turns

@@ -6,8 +6,8 @@ the same fence."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -31,6 +31,8 @@ from dsh_schedule.shared.store.postgres_schema import (
 )
 
 logger = logging.getLogger("dsh_schedule.shared.store.postgres")
+
+_T = TypeVar("_T")
 
 # What makes a flush's synchronous commit wait for the server's disk: a transactional
 # message in its log (any wal_level, any role; a logical decoder sees an empty message
@@ -231,21 +233,10 @@ class PostgresAppending(PostgresReading):
             params["line_ids"].extend([key] * len(p.candidates))
             params["seqs"].extend(e.seq for e in p.candidates)
             params["lines"].extend(p.lines)
-        sent = False
-        try:
-            with self._connection(f"append to {len(prepared)} sessions", writes=True) as conn:
-                try:
-                    sent = True
-                    return set(self._execute_append_many(conn, params))
-                except psycopg.Error:
-                    if conn.broken:
-                        raise
-                    sent = False  # the server answered: it rolled the statement back
-                    raise
-        except PersistenceError as exc:
-            if not (sent and connection_lost(exc)):
-                raise
-        # The connection was lost after the statement was sent: committed or not.
+        fenced = self._sent(f"append to {len(prepared)} sessions",
+                            lambda conn: set(self._execute_append_many(conn, params)))
+        if fenced is not None:
+            return fenced
         for p in prepared:
             self._cache.drop(p.session_id)
             with self._unconfirmed_lock:
@@ -387,14 +378,34 @@ class PostgresAppending(PostgresReading):
                       candidates: tuple[Event, ...], lines: list[bytes]) -> int:
         """The append statement: the lines inserted (0: the fence did not hold), or -1
         when its outcome is unknown (recorded for ``flush``)."""
+
+        def run(conn: psycopg.Connection[Any]) -> int:
+            try:
+                return self._execute_append(conn, params)
+            except pg_errors.UniqueViolation:
+                return 0  # a writer that did not take the fence got there first
+
+        written = self._sent(f"append to session {session_id!r}", run)
+        if written is not None:
+            return written
+        self._cache.drop(session_id)
+        with self._unconfirmed_lock:
+            self._unconfirmed[session_id] = Unconfirmed(token, candidates, lines)
+        logger.warning("append to session %r: outcome unknown, the connection was lost "
+                       "after the statement was sent", session_id)
+        return -1
+
+    def _sent(self, what: str, run: Callable[[psycopg.Connection[Any]], _T]) -> _T | None:
+        """``run`` a writing statement on a pooled connection: its result, or None when the
+        connection was lost after the statement was sent (committed or not: the caller
+        records it unconfirmed); any other failure is ``_connection``'s
+        ``PersistenceError``."""
         sent = False
         try:
-            with self._connection(f"append to session {session_id!r}", writes=True) as conn:
+            with self._connection(what, writes=True) as conn:
                 try:
                     sent = True
-                    return self._execute_append(conn, params)
-                except pg_errors.UniqueViolation:
-                    return 0  # a writer that did not take the fence got there first
+                    return run(conn)
                 except psycopg.Error:
                     if conn.broken:
                         raise
@@ -403,13 +414,7 @@ class PostgresAppending(PostgresReading):
         except PersistenceError as exc:
             if not (sent and connection_lost(exc)):
                 raise
-            # The connection was lost after the statement was sent: committed or not.
-            self._cache.drop(session_id)
-            with self._unconfirmed_lock:
-                self._unconfirmed[session_id] = Unconfirmed(token, candidates, lines)
-            logger.warning("append to session %r: outcome unknown, the connection was lost "
-                           "after the statement was sent", session_id)
-            return -1
+        return None
 
     def _confirm(self, session_id: str, key: str, pending: Unconfirmed) -> None:
         """Find out whether an append of unknown outcome committed; commit it at the same
