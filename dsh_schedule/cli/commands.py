@@ -178,7 +178,8 @@ def _call(args: argparse.Namespace, settings: Settings, store: SessionStore,
 
     client = connect(settings.redis_url) if settings.redis_url else connect_embedded()
     coordination = Coordination(client, settings)
-    tools = ScheduleTools(store, coordination, settings=settings, clock=coordination.clock)
+    tools = ScheduleTools(store, coordination, settings=settings, clock=coordination.clock,
+                          announce=True)
     result = tools.call(args.session, args.tool, arguments)
     # A prompt may hold what JSON leaves raw: escaped for a terminal only.
     print(shown_json(result.content, sys.stdout))

@@ -284,6 +284,12 @@ class ReferenceHost:
         held_entries = self.coordination.followups.waiting_many(agents) if agents else []
         waiting = [agent for agent, n in zip(agents, held_entries, strict=True)
                    if n or agent in self._unfinished]
+        if len(waiting) < len(agents):
+            # Named with nothing to deliver (another process's tool call, a stale
+            # announcement): the watchdog looks at them once ``repair_after_s`` has passed.
+            named = set(waiting)
+            bridge.watchdog.watch([agent for agent in agents if agent not in named],
+                                  self.clock())
         while waiting:
             with bridge.turns(waiting) as held:
                 claimed = set(held)

@@ -89,6 +89,7 @@ class ScheduleTools:
         owed: OwedRearms | None = None,
         lifecycle: bool | None = None,
         watch: Callable[[str, FoldState], None] | None = None,
+        announce: bool = False,
     ) -> None:
         self.calendar = settings.calendar if calendar is None else calendar
         self.lifecycle = settings.lifecycle if lifecycle is None else lifecycle
@@ -96,6 +97,11 @@ class ScheduleTools:
         # due moment. ``owed``: the re-arms Redis failed, repaid by ``repay_owed``.
         self._tx = LogTransactions(store, coordination, clock, owed=owed, watch=watch)
         self.owed = self._tx.owed
+        # ``announce``: a process that is not the agents' host (``dsh-schedule call``) names
+        # each agent it wrote for on its host's ready stream, so that host's watchdog looks
+        # at the agent (docs/architecture.md#repairing-lost-keys).
+        self._announce = announce
+        self._coordination = coordination
         self._settings = settings
         self._closed = False
 
@@ -109,10 +115,22 @@ class ScheduleTools:
         started = time.perf_counter() if recorder.enabled else 0.0
         with log_context(agent=agent):
             result = self._call(agent, tool, args)
+            if self._announce and tool != "schedule_list":
+                self._tell_host(agent)
         if recorder.enabled:
             code = result.value.get("code") if result.is_error else "ok"
             recorder.tool_call(tool, str(code), time.perf_counter() - started)
         return result
+
+    def _tell_host(self, agent: str) -> None:
+        """Name the agent on its host's ready stream: the host watches it (its watchdog
+        knows only its own tool calls' moments) and repairs what Redis lost of it. A
+        failure is said, never raised: the answer stands."""
+        try:
+            self._coordination.announce([agent])
+        except redis.RedisError as exc:
+            log.warning("%s: its host was not told of this call (%s)", agent,
+                        type(exc).__name__)
 
     def repay_owed(self) -> list[str]:
         """Wake every agent whose re-arm failed (``OwedRearms.repay``): nothing is sent

@@ -10,6 +10,8 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.host.tools import ScheduleTools
+from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import TURN_END, USER_MESSAGE, NewEvent
 from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.settings import Settings
@@ -332,3 +334,27 @@ def test_turn_ends_written_at_once_each_follow_their_delivery_when_another_write
     meanwhile = [i for i, e in enumerate(moved) if e.type == USER_MESSAGE
                  and e.data["content"][0]["text"] == "meanwhile"]
     assert meanwhile and meanwhile[0] < len(moved) - 4
+
+
+def test_a_reminder_another_process_made_after_its_agents_host_entry_was_lost_is_delivered(
+    system: EmbeddedSystem, store: MemoryStore, clock: FakeClock, settings: Settings,
+    redis_client: redis.Redis,
+) -> None:
+    """The host's watchdog knows the moments of its own tool calls; one made by another
+    process (``dsh-schedule call``) names the agent on its host's ready stream, so a lost
+    ``agent-host`` entry (the agent then looks not live: no wake is armed) is repaired and
+    the reminder delivered (docs/architecture.md#repairing-lost-keys)."""
+    # given a served session whose install was looked at, and its agent-host entry lost
+    session = _open(system)
+    clock.advance(settings.repair_after_s + 1)
+    system.step()
+    redis_client.hdel(system.coordination.keys.agent_host(), session)
+    # when another process creates a reminder in it
+    other = ScheduleTools(store, Coordination(redis_client, settings), settings, clock,
+                          announce=True)
+    assert not other.call(session, "schedule_create", {"prompt": "x", "after_seconds": 5}).is_error
+    # then the host repairs the agent and the reminder is delivered, once
+    for _ in range(int(settings.repair_after_s) + 20):
+        clock.advance(1)
+        system.step()
+    assert len(reminder_messages(store, session)) == 1
