@@ -210,8 +210,9 @@ class DueOwner:
         # the retry's own re-arm.
         failed = [agent for agent in agents if batch.outcomes[agent] in RETRIED]
         if failed:
-            last = self._clock() + int(RETRY_MAX_S * 1000)
-            self._coord.wakes.arm_at([(agent, last) for agent in failed], self._clock())
+            now = self._clock()
+            last = now + int(RETRY_MAX_S * 1000)
+            self._coord.wakes.arm_at([(agent, last) for agent in failed], now)
         return [agent for agent in agents if agent in batch.announce
                 or batch.outcomes[agent] is WakeOutcome.BARRIER_FAILED]
 

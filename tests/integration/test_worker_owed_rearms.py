@@ -38,21 +38,30 @@ class CutAfterDispatch(MemoryStore):
         return appended
 
 
+def _due(store: MemoryStore, client: redis.Redis, settings: Settings, clock: FakeClock,
+         create: dict[str, Any], *, after_s: float) -> tuple[EmbeddedSystem, str]:
+    """A served session with the reminder ``create`` makes, ``after_s`` later: due, the
+    host's lease renewed meanwhile."""
+    system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
+                            client=client, injected_clock=True)
+    session = new_session(store)
+    system.host.open_root(session)
+    system.step()
+    _d, handler = system.host.agents[session].tools["schedule_create"]
+    assert not handler(create).is_error
+    clock.advance(after_s)
+    system.host.plugin.renew_leases()  # the host keeps its lease meanwhile
+    return system, session
+
+
 def test_a_worker_repays_the_wake_its_failed_batch_owes(
     real_redis: redis.Redis, settings: Settings
 ) -> None:
     # given an agent with a reminder every 300 s, its first occurrence due
     clock = FakeClock()
     store = CutAfterDispatch(real_redis)
-    system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
-                            client=real_redis, injected_clock=True)
-    session = new_session(store)
-    system.host.open_root(session)
-    system.step()
-    _d, handler = system.host.agents[session].tools["schedule_create"]
-    assert not handler({"prompt": "stretch", "every_seconds": 300}).is_error
-    clock.advance(300)
-    system.host.plugin.renew_leases()  # the host keeps its lease meanwhile
+    system, session = _due(store, real_redis, settings, clock,
+                           {"prompt": "stretch", "every_seconds": 300}, after_s=300)
     # the mover hands the due wake on; the worker takes its job (run here by hand)
     assert system.coordination.wakes.move_due(clock()) == 1
     Queue(settings.queue, connection=real_redis).empty()
@@ -93,15 +102,8 @@ def test_a_wake_that_failed_on_its_store_leaves_a_wake_in_redis_for_its_retry(
     # given an agent whose one-shot is due, its wake handed on to a worker
     clock = FakeClock()
     store = MemoryStore()
-    system = EmbeddedSystem(store, settings, clock=clock, sleep=clock.advance,
-                            client=redis_client, injected_clock=True)
-    session = new_session(store)
-    system.host.open_root(session)
-    system.step()
-    _d, handler = system.host.agents[session].tools["schedule_create"]
-    assert not handler({"prompt": "stretch", "after_seconds": 60}).is_error
-    clock.advance(60)
-    system.host.plugin.renew_leases()
+    system, session = _due(store, redis_client, settings, clock,
+                           {"prompt": "stretch", "after_seconds": 60}, after_s=60)
     assert system.coordination.wakes.move_due(clock()) == 1
     Queue(settings.queue, connection=redis_client).empty()
 
