@@ -150,7 +150,7 @@ class SchedulePlugin:
         # sessions, answered from ``load`` on (docs/architecture.md#unloaded-sessions).
         self.loads = None if on_due_unloaded is None else DueLoads(
             store, coordination, settings, host=self.bridge.host, clock=clock,
-            serves=self.bridge.serves, installing=self.bridge.installing_many,
+            serves=self.bridge.serves, installing=self.bridge.installing,
             on_due_unloaded=on_due_unloaded)
 
     def load(self, events: AgentEvents) -> None:

@@ -174,8 +174,8 @@ class ReferenceHost:
 
     def open_roots(self, session_ids: Sequence[str]) -> list[Agent]:
         """``open_root`` for many sessions; the wakes their new leases need are enqueued
-        together at the end (``HostBridge.installing_many``)."""
-        with self.plugin.bridge.installing_many():
+        together at the end (``HostBridge.installing``)."""
+        with self.plugin.bridge.installing():
             return [self.open_root(session_id) for session_id in session_ids]
 
     # -- user turns -----------------------------------------------------------------
@@ -266,12 +266,12 @@ class ReferenceHost:
         bridge = self.plugin.bridge
         agents = bridge.ready(timeout_s)
         try:
-            return self._serve_many([agent for agent in agents if agent in self.agents])
+            return self._serve([agent for agent in agents if agent in self.agents])
         except redis.RedisError:
             bridge.later(agents, 0.0)
             raise
 
-    def _serve_many(self, agents: list[str]) -> list[tuple[str, Delivery]]:
+    def _serve(self, agents: list[str]) -> list[tuple[str, Delivery]]:
         """Deliver for ``agents`` in their turns, claimed together; a turn that is busy
         (a dispatch still holds the agent for a moment) is tried again every
         ``TURN_POLL_S`` for up to ``TURN_WAIT_S``, then handed back ``later``."""
@@ -303,7 +303,7 @@ class ReferenceHost:
         for index, session_id in enumerate(alone):
             try:
                 with log_context(agent=session_id):
-                    delivered.extend((session_id, d) for d in self._serve_one(session_id))
+                    delivered.extend((session_id, d) for d in self._serve_alone(session_id))
             except redis.RedisError:
                 bridge.later(alone[index:], 0.0)
                 raise
@@ -341,7 +341,7 @@ class ReferenceHost:
             pending = [agent for agent in found.again if agent not in failures]
         return alone
 
-    def _serve_one(self, session_id: str) -> list[Delivery]:
+    def _serve_alone(self, session_id: str) -> list[Delivery]:
         bridge = self.plugin.bridge
         followups = self.coordination.followups
         if session_id not in self.agents or followups.waiting(session_id) == 0:
