@@ -42,7 +42,6 @@ from dsh_schedule.shared.coordination.leases import (
     INSTALL_BATCH,
     agent_digest,
 )
-from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.due import next_wake_ms
@@ -343,17 +342,12 @@ class HostBridge:
         self._due.pop(agent, None)
         self.watchdog.forget([agent])
 
-    def dispose(self, agent: str) -> None:
-        """Forget the agent in Redis; its log keeps every record (no delete on teardown).
-        ``LockUnavailable`` when its lock stayed busy."""
-        if self.dispose_many([agent]):
-            raise LockUnavailable(agent)
-
-    def dispose_many(self, agents: Sequence[str]) -> list[str]:
-        """``dispose`` for many agents, in a few round trips whatever their number (the
-        caller bounds the batch). Returns the agents whose lock stayed busy: nothing else
-        of theirs was forgotten in Redis, and they move to a host lease that has already
-        expired, so the reconcile pass retires them."""
+    def dispose(self, agents: Sequence[str]) -> list[str]:
+        """Forget the agents in Redis, in a few round trips whatever their number (the
+        caller bounds the batch); their logs keep every record (no delete on teardown).
+        Returns the agents whose lock stayed busy: nothing else of theirs was forgotten
+        in Redis, and they move to a host lease that has already expired, so the
+        reconcile pass retires them."""
         with self._state:
             for agent in agents:
                 self._unserve(agent)
