@@ -186,7 +186,7 @@ class AsyncSchedulePlugin:
         self.loads = None if on_due_unloaded is None else DueLoads(
             store, coordination, settings, host=self.sync.bridge.host,
             clock=coordination.clock if clock is None else clock,
-            serves=self.sync.bridge.serves, installing=self.sync.bridge.installing_many,
+            serves=self.sync.bridge.serves, installing=self.sync.bridge.installing,
             on_due_unloaded=self._load_on_loop)
         self.settings = settings
         self.coordination = coordination

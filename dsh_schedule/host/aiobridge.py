@@ -19,6 +19,7 @@ from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
+from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.core.views import ToolResult
 
 T = TypeVar("T")
@@ -122,7 +123,10 @@ class AsyncHostBridge:
             self.poke()
 
     async def dispose(self, agent: str) -> None:
-        await settle(self.sync.dispose, agent)
+        """``HostBridge.dispose`` of one agent in a thread; ``LockUnavailable`` when its
+        lock stayed busy."""
+        if await settle(self.sync.dispose, [agent]):
+            raise LockUnavailable(agent)
 
     # -- which agents to look at ------------------------------------------------------
 

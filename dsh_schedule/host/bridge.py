@@ -42,7 +42,6 @@ from dsh_schedule.shared.coordination.leases import (
     INSTALL_BATCH,
     agent_digest,
 )
-from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.coordination.outage import Outage, is_outage
 from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.due import next_wake_ms
@@ -93,7 +92,7 @@ class HostBridge:
         self._due_order: list[tuple[int, int, str]] = []
         self._asked = itertools.count()
         self._cursor: str | None = None  # the last id read from the ready stream
-        self._deferred: list[str] | None = None  # wakes ``installing_many`` holds back
+        self._deferred: list[str] | None = None  # wakes ``installing`` holds back
         # Whether this bridge has written its host's lease yet: before that, a renewal
         # that finds no valid lease is the first one, not a lease that expired.
         self._held = False
@@ -131,7 +130,7 @@ class HostBridge:
     def install(self, agent: str) -> bool:
         """Serve the agent from this host (moving it from a host that served it); a new
         lease enqueues an immediate wake. ``ready`` names the agent once afterwards,
-        whatever its stream holds. Within ``installing_many`` the install itself waits
+        whatever its stream holds. Within ``installing`` the install itself waits
         for the end of the block (and False is returned)."""
         with self._state:
             if agent not in self._served:
@@ -154,7 +153,7 @@ class HostBridge:
         return new
 
     @contextmanager
-    def installing_many(self) -> Iterator[None]:
+    def installing(self) -> Iterator[None]:
         """Within the block, ``install`` only notes its agents; they are installed together
         when it ends (one script call per few thousand agents) and the wakes of the new
         leases enqueued in ``wake_batch`` jobs (a host opening thousands of agents at its
@@ -162,7 +161,7 @@ class HostBridge:
         fails."""
         with self._state:
             if self._deferred is not None:
-                raise RuntimeError("installing_many is not reentrant")
+                raise RuntimeError("installing is not reentrant")
             self._deferred = []
         try:
             yield
@@ -343,17 +342,12 @@ class HostBridge:
         self._due.pop(agent, None)
         self.watchdog.forget([agent])
 
-    def dispose(self, agent: str) -> None:
-        """Forget the agent in Redis; its log keeps every record (no delete on teardown).
-        ``LockUnavailable`` when its lock stayed busy."""
-        if self.dispose_many([agent]):
-            raise LockUnavailable(agent)
-
-    def dispose_many(self, agents: Sequence[str]) -> list[str]:
-        """``dispose`` for many agents, in a few round trips whatever their number (the
-        caller bounds the batch). Returns the agents whose lock stayed busy: nothing else
-        of theirs was forgotten in Redis, and they move to a host lease that has already
-        expired, so the reconcile pass retires them."""
+    def dispose(self, agents: Sequence[str]) -> list[str]:
+        """Forget the agents in Redis, in a few round trips whatever their number (the
+        caller bounds the batch); their logs keep every record (no delete on teardown).
+        Returns the agents whose lock stayed busy: nothing else of theirs was forgotten
+        in Redis, and they move to a host lease that has already expired, so the
+        reconcile pass retires them."""
         with self._state:
             for agent in agents:
                 self._unserve(agent)

@@ -1,22 +1,13 @@
-"""The followup delivery gate (docs/architecture.md#hosts-followups-and-rebuild), which a
-``HostBridge`` holds.
+"""The followup delivery gate, which a ``HostBridge`` holds
+(docs/architecture.md#hosts-followups-and-rebuild).
 
 An entry is delivered into the session only when the log holds a dispatch for each of its
-reminders and no delivered message covers them; otherwise it is dropped. Either way it is
-acknowledged and deleted once the log that decided it is durable, so delivery into the
-session is exactly once per dispatch, whatever Redis, a crashed worker or a crashed
-database did: a delivery whose barrier flush failed stays unacknowledged, and the next
-gate of the entry (its consumer reads its own unacknowledged entries first) drops it once
-a preflight confirms the message durable, or delivers it again when the store lost it
-(docs/decisions.md#a-delivery-is-acknowledged-once-durable).
-
-A Redis outage (``is_outage``) that interrupts a round after it delivered answers with
-what it delivered, so the host runs those turns; the entries it could not acknowledge
-are dropped by the next read's gate (docs/architecture.md#outages).
-
-When metrics are on, each gate decision counts as delivered or dropped, and a delivered
-message's lateness (its append minus its earliest occurrence) is observed at the stage
-``session`` (docs/architecture.md#operations).
+reminders and no delivered message covers them, else dropped; either way it is
+acknowledged once the log that decided it is durable, so each dispatch is delivered
+exactly once (docs/decisions.md#a-delivery-is-acknowledged-once-durable). A round that a
+Redis outage interrupts after it delivered answers with what it delivered
+(docs/architecture.md#outages). With metrics on, each decision is counted, and a
+delivered message's lateness observed at the stage ``session``.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.clock import LIVE_SLACK_MS
-from dsh_schedule.shared.coordination.followups import FollowupEntry, Pair, StreamRead
+from dsh_schedule.shared.coordination.followups import READ_COUNT, FollowupEntry, Pair, StreamRead
 from dsh_schedule.shared.coordination.outage import is_outage
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import TURN_START, USER_MESSAGE, Event, NewEvent
@@ -159,19 +150,19 @@ class DeliveryGate:
         self._tx = LogTransactions(store, coordination, clock)
 
     def has_followup(self, agent: str) -> bool:
-        """Whether this host can take one of the agent's followups now: one it read and
-        has not acknowledged, one no consumer has read (read now), or one another
-        consumer left unacknowledged for ``followup_stale_s`` (taken over now). Needs no
-        turn: a host asks before claiming one, so an entry another host still holds
-        costs it no turn. An agent whose delivery failed has none until its backoff
+        """Whether this host can take one of the agent's followups now (``_entries``).
+        Needs no turn: a host asks before claiming one, so an entry another host still
+        holds costs it no turn. An agent whose delivery failed has none until its backoff
         ends."""
-        if self._failures.waiting(agent):
-            return False
+        return not self._failures.waiting(agent) and bool(self._entries(agent, count=1))
+
+    def _entries(self, agent: str, *, count: int = READ_COUNT) -> list[FollowupEntry]:
+        """The agent's entries this consumer read and has not acknowledged, else new ones
+        (read now), else ones another consumer left unacknowledged for
+        ``followup_stale_s`` (taken over now)."""
         followups = self._coord.followups
-        if followups.read(agent, self._consumer, count=1):
-            return True
-        stale_ms = self._coord.followup_stale_ms
-        return bool(followups.claim_stale(agent, self._consumer, min_idle_ms=stale_ms))
+        return followups.read(agent, self._consumer, count=count) or followups.claim_stale(
+            agent, self._consumer, min_idle_ms=self._coord.followup_stale_ms)
 
     def deliver_next(self, agent: str) -> Delivery | None:
         """Deliver the next deliverable followup, dropping the others; hold the turn phase.
@@ -185,26 +176,21 @@ class DeliveryGate:
         if self._failures.waiting(agent):
             return None
         followups = self._coord.followups
-        while True:
-            entries = followups.read(agent, self._consumer)
-            if not entries:
-                entries = followups.claim_stale(
-                    agent, self._consumer, min_idle_ms=self._coord.followup_stale_ms
-                )
-            if not entries:
-                return None
+        while entries := self._entries(agent):
             for entry in entries:
                 try:
-                    delivery, durable = self._gate(agent, entry)
+                    with self._tx.hold(agent, wait_s=self._settings.tool_lock_wait_s):
+                        delivery, unconfirmed = self._gate_held(agent, entry, own_flushes=True)
                 except Exception as exc:
                     if not is_outage(exc) and not (
                             isinstance(exc, PersistenceError) and disk_outage_errno(exc)):
                         self._failures.failed(agent)  # the caller logs it
                     raise
                 self._failures.ended(agent)
-                if not durable:
+                if unconfirmed is not None:
                     # The turn runs; the entry waits, unacknowledged, for its next gate
                     # after a backoff (the store is failing now).
+                    _unconfirmed(agent, unconfirmed)
                     self._failures.failed(agent)
                     return delivery
                 try:
@@ -217,18 +203,15 @@ class DeliveryGate:
                              entry.entry_id, agent, type(exc).__name__)
                 if delivery is not None:
                     return delivery
+        return None
 
     def deliver_many(self, agents: Sequence[str]) -> DeliveryRound:
         """``deliver_next`` for many agents whose turns the caller holds, at most one
-        delivery each, with the round trips shared: their streams read in one or two
-        pipelined calls (``Followups.read_streams``), their free locks taken together,
-        every decided entry acknowledged together. Each entry still passes the gate on
-        its own, under its agent's lock, fenced at its own log's length (the round's first
-        deliveries appended in one write where the store can: ``flushing.AppendsMany``);
-        the round's barrier flushes run together, before any entry is acknowledged. An
-        agent whose lock was busy (a due transaction is finishing) is then served alone,
-        waiting for its lock as ``deliver_next`` does. Call again with ``again`` until it
-        is empty."""
+        delivery each, the round trips shared: streams read, free locks taken, first
+        appends written (where the store can), barriers flushed and entries acknowledged
+        together, each entry still gated under its agent's lock and fenced at its log's
+        length; an agent whose lock was busy is then served alone, waiting for its lock
+        (``LogTransactions.each_held``). Call again with ``again`` until it is empty."""
         waiting = [agent for agent in agents if self._failures.waiting(agent)]
         agents = [agent for agent in agents if agent not in waiting]
         reads = self._coord.followups.read_streams(agents, self._consumer)
@@ -260,11 +243,9 @@ class DeliveryGate:
 
     def _decide_held(self, agents: list[str], reads: dict[str, StreamRead],
                      decided: _Decided) -> None:
-        """Gate the entries of ``agents``, whose locks the caller holds: every gate flushes
-        first, together here, so each gate's own flush finds nothing left to do, and the
-        barrier flushes of the deliveries run together after. A failed preflight stops
-        its agent: a flush that succeeds after a failed one does not prove the earlier
-        bytes durable."""
+        """Gate the entries of ``agents``, whose locks the caller holds, with the round's
+        flushes together: the preflights first (``LogTransactions.preflight_flush``), so
+        each gate's own flush finds nothing left to do, and the deliveries' barriers after."""
         decided.looked.extend(agents)
         unflushed = self._tx.preflight_flush(agents)
         # The logs read together, each its gate's first read (its fence checks it); one
@@ -305,10 +286,9 @@ class DeliveryGate:
     def _decide(self, agent: str, read: StreamRead, decided: _Decided,
                 first: Read | None, *, written: tuple[Event, ...] | Exception | None = None
                 ) -> None:
-        """Gate ``entries`` in order until one is delivered, noting what was decided; the
-        caller holds the agent's lock and flushes before and after. ``first``: the log
-        as the caller read it (None: read it here); ``written``: what the caller's append
-        of the first entry's delivery, fenced at ``first``, did (``_deliver``)."""
+        """Gate the entries ``read`` found, in order, until one is delivered, noting what
+        was decided; the caller holds the agent's lock and flushes before and after.
+        ``first``, ``written``: for the first entry, as ``_gate_held`` takes them."""
         left = len(read.entries)
         try:
             for entry in read.entries:
@@ -336,30 +316,44 @@ class DeliveryGate:
             # entry added since is announced on the ready stream again.
             decided.again.append(agent)
 
-    def _gate(self, agent: str, entry: FollowupEntry) -> tuple[Delivery | None, bool]:
-        """The gate for one entry with its own lock and flushes: what it delivered, and
-        whether the log that decided it is durable (False: the barrier flush after the
-        delivery failed, so the entry must not be acknowledged yet)."""
-        with self._tx.hold(agent, wait_s=self._settings.tool_lock_wait_s):
-            delivery, unconfirmed = self._gate_held(agent, entry, own_flushes=True)
-            if unconfirmed is not None:
-                _unconfirmed(agent, unconfirmed)
-                return delivery, False
-            return delivery, True
-
     def _gate_held(
         self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
         first: Read | None = None, written: tuple[Event, ...] | Exception | None = None,
     ) -> tuple[Delivery | None, PersistenceError | None]:
-        """The gate for one entry, the agent's lock held: what it delivered, and the
-        failure of its barrier flush (None: durable, or none run). ``own_flushes``: flush
-        before deciding, and run a delivery's barrier in the append's own write
+        """The gate for one entry, the agent's lock held: the entry appended as the
+        user/message of a new turn if the log says it is due for delivery (None: dropped),
+        and the failure of its barrier flush (None: durable, or none run). ``own_flushes``:
+        flush before deciding, and run the barrier in the append's own write
         (``append_durably``); without it the caller does both, for many agents at once.
-        ``first``, ``written``: as ``_deliver`` takes them."""
+        ``written``: what the caller's append of the delivery, fenced at ``first`` (the
+        log as it read it), did (the events, or what it raised; a fence conflict
+        re-decides)."""
+
+        def decide(read: Read) -> tuple[NewEvent, ...] | None:
+            if not deliverable(entry, read):
+                log.info("dropping followup %s for %s", entry.entry_id, agent)
+                return None
+            return delivery_events(entry, read, self._clock())
+
         schedule_ids = ",".join(pair.scheduleId for pair in entry.pairs)
         with log_context(agent=agent, schedule_id=schedule_ids):
-            delivery, unconfirmed = self._deliver(agent, entry, own_flushes=own_flushes,
-                                                  first=first, written=written)
+            if first is None or written is None or isinstance(written, FenceConflict):
+                # A caller that flushes has flushed already; a retry (or a write of the
+                # caller's that met another writer) flushes anew, to confirm that
+                # writer's suffix.
+                conflicted = written is not None
+                result = self._tx.fenced(
+                    agent, decide, what=f"delivery for {agent}",
+                    flush=lambda n: own_flushes or conflicted or n > 0,
+                    first=None if conflicted else first, durably=own_flushes)
+            elif isinstance(written, Exception):
+                raise written
+            else:
+                result = first, written, None
+            if result is not None:
+                log.info("delivered followup %s for %s", entry.entry_id, agent)
+        delivery = None if result is None else Delivery(
+            text=entry.text, pairs=entry.pairs, turn=result[0].length, events=result[1])
         recorder = metrics.get()
         if recorder.enabled:
             if delivery is None:
@@ -369,51 +363,12 @@ class DeliveryGate:
                 occurrences = [pair.occurrenceAt for pair in entry.pairs]
                 appended_ms = delivery.events[-1].time if delivery.events else self._clock()
                 recorder.session_lateness(metrics.lateness_s(appended_ms, occurrences))
-        return delivery, unconfirmed
-
-    def _deliver(self, agent: str, entry: FollowupEntry, *, own_flushes: bool,
-                 first: Read | None = None,
-                 written: tuple[Event, ...] | Exception | None = None,
-                 ) -> tuple[Delivery | None, PersistenceError | None]:
-        """Append the entry as the user/message of a new turn if the log says it is due
-        for delivery (None when it is to be dropped), with the barrier's failure when
-        ``own_flushes`` runs it. A fence conflict re-decides. ``written``: the caller
-        appended the delivery fenced at ``first`` already, and this is what that did (the
-        events, or what the append raised)."""
-
-        def decide(read: Read) -> tuple[NewEvent, ...] | None:
-            if not deliverable(entry, read):
-                log.info("dropping followup %s for %s", entry.entry_id, agent)
-                return None
-            return delivery_events(entry, read, self._clock())
-
-        unconfirmed: PersistenceError | None = None
-        if first is not None and written is not None and not isinstance(written, FenceConflict):
-            if isinstance(written, Exception):
-                raise written
-            read, appended = first, written
-        else:
-            # A caller that flushes has flushed already; a retry (or a write of the
-            # caller's that met another writer) flushes anew, to confirm that writer's
-            # suffix.
-            conflicted = written is not None
-            result = self._tx.fenced(
-                agent, decide, what=f"delivery for {agent}",
-                flush=lambda n: own_flushes or conflicted or n > 0,
-                first=None if conflicted else first, durably=own_flushes)
-            if result is None:
-                return None, None
-            read, appended, unconfirmed = result
-        log.info("delivered followup %s for %s", entry.entry_id, agent)
-        delivery = Delivery(text=entry.text, pairs=entry.pairs, turn=read.length,
-                            events=appended)
-        return delivery, unconfirmed
+        return delivery, None if result is None else result[2]
 
 
 def _unconfirmed(agent: str, exc: PersistenceError) -> None:
-    """Say that a delivery's barrier flush failed: the message is appended and its turn
-    runs, but until a later flush confirms it the store may still lose it (a database
-    that crashed before writing it), so its entry stays unacknowledged."""
+    """Say that a delivery's barrier flush failed: its turn runs, but the store may still
+    lose the message (a database that crashed before writing it)."""
     log.warning("delivery barrier for %s failed (the followup stays unacknowledged until "
                 "a later gate finds the message durable): %s", agent, exc.reason)
 

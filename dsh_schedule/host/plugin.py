@@ -150,7 +150,7 @@ class SchedulePlugin:
         # sessions, answered from ``load`` on (docs/architecture.md#unloaded-sessions).
         self.loads = None if on_due_unloaded is None else DueLoads(
             store, coordination, settings, host=self.bridge.host, clock=clock,
-            serves=self.bridge.serves, installing=self.bridge.installing_many,
+            serves=self.bridge.serves, installing=self.bridge.installing,
             on_due_unloaded=on_due_unloaded)
 
     def load(self, events: AgentEvents) -> None:
@@ -211,7 +211,7 @@ class SchedulePlugin:
         whose lock stayed busy (their lease is left to expire)."""
         left: list[str] = []
         for start in range(0, len(agents), DISPOSE_BATCH):
-            left.extend(self.bridge.dispose_many(agents[start:start + DISPOSE_BATCH]))
+            left.extend(self.bridge.dispose(agents[start:start + DISPOSE_BATCH]))
         return left
 
     def dispose(self) -> None:
@@ -229,7 +229,7 @@ class SchedulePlugin:
             batch = installed[start:start + DISPOSE_BATCH]
             try:
                 # Waits for each agent's transaction in flight.
-                left = self.bridge.dispose_many(batch)
+                left = self.bridge.dispose(batch)
             except Exception:
                 log.warning("could not dispose of %d agent(s) cleanly", len(batch),
                             exc_info=True)

@@ -174,8 +174,8 @@ class ReferenceHost:
 
     def open_roots(self, session_ids: Sequence[str]) -> list[Agent]:
         """``open_root`` for many sessions; the wakes their new leases need are enqueued
-        together at the end (``HostBridge.installing_many``)."""
-        with self.plugin.bridge.installing_many():
+        together at the end (``HostBridge.installing``)."""
+        with self.plugin.bridge.installing():
             return [self.open_root(session_id) for session_id in session_ids]
 
     # -- user turns -----------------------------------------------------------------
@@ -248,7 +248,7 @@ class ReferenceHost:
                 delivered.append(delivery)
                 if self._on_delivery is not None:
                     self._on_delivery(session_id, delivery)
-                failure = self._finish(session_id, delivery)
+                failure = self._finish({session_id: delivery}).get(session_id)
         self._wrote({session_id: failure} if failure else {}, wrote=wrote or bool(delivered))
         return delivered
 
@@ -266,12 +266,12 @@ class ReferenceHost:
         bridge = self.plugin.bridge
         agents = bridge.ready(timeout_s)
         try:
-            return self._serve_many([agent for agent in agents if agent in self.agents])
+            return self._serve([agent for agent in agents if agent in self.agents])
         except redis.RedisError:
             bridge.later(agents, 0.0)
             raise
 
-    def _serve_many(self, agents: list[str]) -> list[tuple[str, Delivery]]:
+    def _serve(self, agents: list[str]) -> list[tuple[str, Delivery]]:
         """Deliver for ``agents`` in their turns, claimed together; a turn that is busy
         (a dispatch still holds the agent for a moment) is tried again every
         ``TURN_POLL_S`` for up to ``TURN_WAIT_S``, then handed back ``later``."""
@@ -303,7 +303,7 @@ class ReferenceHost:
         for index, session_id in enumerate(alone):
             try:
                 with log_context(agent=session_id):
-                    delivered.extend((session_id, d) for d in self._serve_one(session_id))
+                    delivered.extend((session_id, d) for d in self._serve_alone(session_id))
             except redis.RedisError:
                 bridge.later(alone[index:], 0.0)
                 raise
@@ -336,17 +336,12 @@ class ReferenceHost:
                 delivered.append((session_id, delivery))
                 if self._on_delivery is not None:
                     self._on_delivery(session_id, delivery)
-            failures.update(self._finish_many(found.delivered))
-            finished = [agent for agent in found.delivered if agent not in failures]
-            for session_id, exc in flush_each(self.store, finished).items():
-                # The turn is appended; the next flush of the session confirms it.
-                log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
-                        "flush after the turn of %s failed: %s", session_id, exc.reason)
+            failures.update(self._finish(found.delivered))
             self._wrote(failures, wrote=bool(found.delivered))
             pending = [agent for agent in found.again if agent not in failures]
         return alone
 
-    def _serve_one(self, session_id: str) -> list[Delivery]:
+    def _serve_alone(self, session_id: str) -> list[Delivery]:
         bridge = self.plugin.bridge
         followups = self.coordination.followups
         if session_id not in self.agents or followups.waiting(session_id) == 0:
@@ -428,24 +423,17 @@ class ReferenceHost:
 
     # -- finishing turns through a disk outage ---------------------------------------
 
-    def _finish(self, session_id: str, delivery: Delivery, *,
-                flush: bool = True) -> PersistenceError | None:
-        """Append the end of a delivered turn; when the store cannot take it, keep it to
-        append later (``_finish_unfinished``) and return the failure."""
-        self._unfinished[session_id] = (delivery.turn, _acknowledge(delivery))
-        return self._finish_unfinished(session_id, flush=flush,
-                                       at=delivery.turn + len(delivery.events))
-
-    def _finish_many(self, deliveries: Mapping[str, Delivery]) -> dict[str, PersistenceError]:
-        """``_finish`` for many delivered turns, unflushed, their ends appended together (one
-        round trip where the store can: ``flushing.append_each``); the failures, by
-        session. An end whose log moved meanwhile is appended as ``_finish`` appends it."""
+    def _finish(self, deliveries: Mapping[str, Delivery]) -> dict[str, PersistenceError]:
+        """Append the ends of delivered turns, together (one round trip where the store
+        can: ``flushing.append_each``), and flush those appended; the failures, by
+        session. An end the store cannot take is kept, to append later
+        (``_finish_unfinished``); one whose log moved meanwhile is appended at its end."""
         now = self.clock()
         items = []
         for session_id, delivery in deliveries.items():
-            self._unfinished[session_id] = (delivery.turn, _acknowledge(delivery))
-            items.append((session_id, turn_end(delivery.turn, _acknowledge(delivery), now),
-                          delivery.turn + len(delivery.events)))
+            kept = (delivery.turn, _acknowledge(delivery))
+            self._unfinished[session_id] = kept
+            items.append((session_id, turn_end(*kept, now), delivery.turn + len(delivery.events)))
         written = append_each(self.store, items)
         failures: dict[str, PersistenceError] = {}
         for session_id in deliveries:
@@ -461,28 +449,31 @@ class ReferenceHost:
                 failure = None
             if failure is not None:
                 failures[session_id] = failure
+        self._flush([session_id for session_id in deliveries if session_id not in failures])
         return failures
 
-    def _finish_unfinished(self, session_id: str, *, flush: bool = True,
-                           at: int | None = None) -> PersistenceError | None:
+    def _finish_unfinished(self, session_id: str, *,
+                           flush: bool = True) -> PersistenceError | None:
         """Append the kept end of the agent's open turn, if any (its turn phase
         held); None once nothing is left open, else the store's failure."""
         kept = self._unfinished.get(session_id)
         if kept is None:
             return None
         try:
-            self._finish_turn(session_id, *kept, flush=False, at=at)
+            self._append(session_id, turn_end(*kept, self.clock()))
         except PersistenceError as exc:
             return exc  # nothing of it was appended (the store rolls a failed write back)
         del self._unfinished[session_id]
         if flush:
-            try:
-                self.store.flush(session_id)
-            except PersistenceError as exc:
-                # The turn is appended; the next flush of the session confirms it.
-                log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
-                        "flush after the turn of %s failed: %s", session_id, exc.reason)
+            self._flush([session_id])
         return None
+
+    def _flush(self, session_ids: Sequence[str]) -> None:
+        """Flush sessions whose turn ends are appended; a failure is only logged (the
+        next flush of the session confirms its turn)."""
+        for session_id, exc in flush_each(self.store, session_ids).items():
+            log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
+                    "flush after the turn of %s failed: %s", session_id, exc.reason)
 
     def _wrote(self, failures: dict[str, PersistenceError], *, wrote: bool) -> None:
         """Account for one round of writes: a disk that cannot take them is one line when
@@ -501,20 +492,11 @@ class ReferenceHost:
 
     # -- log helpers ----------------------------------------------------------------
 
-    def _finish_turn(self, session_id: str, turn: int, answer: str, *, flush: bool = True,
-                     at: int | None = None) -> None:
-        """Append the turn's answer and end (``at``: the log's length, when known)."""
-        self._append(session_id, turn_end(turn, answer, self.clock()), at=at)
-        if flush:
-            self.store.flush(session_id)
+    def _append(self, session_id: str, events: list[NewEvent]) -> int:
+        """Append at the current end (retrying fence conflicts); returns the old length."""
 
-    def _append(self, session_id: str, events: list[NewEvent], *,
-                at: int | None = None) -> int:
-        """Append at the current end (retrying fence conflicts); returns the old length.
-        ``at``: the length the caller knows the log has, tried first."""
-
-        def attempt(n: int) -> int:
-            length = at if at is not None and n == 0 else len(self.store.read(session_id).events)
+        def attempt(_n: int) -> int:
+            length = len(self.store.read(session_id).events)
             if events:
                 self.store.append(session_id, events, expected_seq=length)
             return length

@@ -416,8 +416,8 @@ def test_opening_many_agents_enqueues_their_wakes_together(
     assert [(job.func_name, job.args) for job in queue.jobs] == [
         ("dsh_schedule.worker.job.wake", ("one", None))]
 
-    with pytest.raises(RuntimeError), system.host.plugin.bridge.installing_many(), \
-            system.host.plugin.bridge.installing_many():
+    with pytest.raises(RuntimeError), system.host.plugin.bridge.installing(), \
+            system.host.plugin.bridge.installing():
         pass
 
 

@@ -332,6 +332,6 @@ def test_the_bridge_names_an_agent_for_its_own_reasons_once_each(
     bridge.recheck_all()  # after an outage: every served agent once more
     assert sorted(bridge.ready(0)) == ["s1", "s2"]
     assert bridge.ready(0) == []
-    bridge.dispose("s1")
+    assert bridge.dispose(["s1"]) == []
     bridge.recheck_all()
     assert bridge.ready(0) == ["s2"]
