@@ -92,7 +92,7 @@ def retry_fenced_many(items: list[T], attempt: Callable[[int, list[T]], list[T]]
 
 
 class Waker(Protocol):
-    def trigger_many(self, agents: list[str]) -> int:
+    def trigger(self, agents: Sequence[str]) -> int:
         """Enqueue immediate wakes for the agents; raises ``redis.RedisError``."""
         ...
 
@@ -127,7 +127,7 @@ class OwedRearms:
                       if now_ms is None or at <= now_ms]
         if not agents:
             return []
-        waker.trigger_many(agents)
+        waker.trigger(agents)
         with self._lock:
             for agent in agents:
                 at = self._owed.get(agent)
@@ -383,7 +383,7 @@ class LogTransactions:
         nothing is written then (docs/architecture.md#owed-re-arms)."""
         ahead = either_outcome(read, events, now_ms)
         if ahead is not read.state:
-            self._coord.rearm(agent, ahead, now_ms)
+            self._coord.rearm([(agent, ahead)], now_ms)
 
     def rearm(self, agent: str, state: FoldState, *, release: HeldLock) -> None:
         """Re-arm from ``state``, releasing the lock in the re-arm's own write; a failure
@@ -391,7 +391,7 @@ class LogTransactions:
         if self._watch is not None:
             self._watch(agent, state)
         try:
-            self._coord.rearm(agent, state, self._clock(), release=release)
+            self._coord.rearm([(agent, state)], self._clock(), release=release)
         except redis.RedisError as exc:
             metrics.get().redis_error()
             self.owed.owe([agent])
@@ -400,11 +400,6 @@ class LogTransactions:
         except Exception:
             self.owed.owe([agent])
             log.exception("re-arm for %s failed; it is woken again", agent)
-
-    def rearm_many(self, folds: Sequence[tuple[str, FoldState]]) -> None:
-        """Re-arm the agents from their folds in one write, their locks held; a Redis
-        failure is raised (the caller owes the whole batch)."""
-        self._coord.rearm_many(folds, self._clock())
 
     def repay_owed(self, *, quietly: bool = False, now_ms: int | None = None) -> list[str]:
         """Wake every agent owed a re-arm (by ``now_ms``, when given): nothing is sent

@@ -86,7 +86,7 @@ def test_a_failed_barrier_is_uncertain_about_its_subject_and_still_re_arms(
     session = new_session(store)
     rearmed: list[str] = []
     monkeypatch.setattr(coordination, "rearm",
-                        lambda agent, *_a, **_k: rearmed.append(agent))
+                        lambda folds, *_a, **_k: rearmed.extend(a for a, _s in folds))
 
     def decide(read: Read, now: int) -> Decision[None]:
         return Decision(events=_note(now), then=lambda _after: None, subject="schedule-1")
@@ -114,7 +114,7 @@ def test_a_decision_that_refuses_still_re_arms_from_the_preflight(
     session = new_session(store)
     rearmed: list[str] = []
     monkeypatch.setattr(coordination, "rearm",
-                        lambda agent, *_a, **_k: rearmed.append(agent))
+                        lambda folds, *_a, **_k: rearmed.extend(a for a, _s in folds))
 
     def decide(read: Read, now: int) -> Decision[None]:
         raise ToolError("invalid_selector", "no")
