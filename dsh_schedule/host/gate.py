@@ -269,7 +269,7 @@ class DeliveryGate:
         unflushed = self._tx.preflight_flush(agents)
         # The logs read together, each its gate's first read (its fence checks it); one
         # that could not be read is read again by its gate.
-        logs = self._tx.load_each([agent for agent in agents if agent not in unflushed])
+        logs = self._tx.load([agent for agent in agents if agent not in unflushed])
         ready: list[tuple[str, Read, tuple[NewEvent, ...]]] = []
         for agent in agents:
             first = logs.get(agent)
@@ -287,7 +287,7 @@ class DeliveryGate:
             else:
                 self._decide(agent, reads[agent], decided,
                              first if isinstance(first, Read) else None)
-        appended = self._tx.append_each(ready)
+        appended = self._tx.append(ready)
         for agent, first, _events in ready:
             self._decide(agent, reads[agent], decided, first, written=appended[agent])
         delivered = [agent for agent in agents if agent in decided.delivered]

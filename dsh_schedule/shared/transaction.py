@@ -179,6 +179,14 @@ class PersistenceUncertain(ScheduleError):
         self.subject = subject
 
 
+def _only(results: dict[str, R | Exception], agent: str) -> R:
+    """The agent's result of a batch of one, or what failed for it, raised."""
+    result = results[agent]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 # -- the engine ----------------------------------------------------------------------------
 
 
@@ -247,29 +255,21 @@ class LogTransactions:
         other error of that agent alone). ``redis.RedisError`` is raised."""
         unflushed = self.preflight_flush(agents)
         reads: dict[str, Read | Exception] = dict(unflushed)
-        reads.update(self.load_each([agent for agent in agents if agent not in unflushed]))
+        reads.update(self.load([agent for agent in agents if agent not in unflushed]))
         return {agent: reads[agent] for agent in agents}
 
-    def load_each(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
-        """``load`` for each agent, in one round trip where the store can
-        (``flushing.load_each``): its ``Read``, or what its load raised."""
+    def load(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
+        """Each agent's log as this process sees it, unflushed, in one round trip where
+        the store can (``flushing.load_each``): its ``Read``, or what its load raised."""
         return {agent: Read(*loaded) if isinstance(loaded, tuple) else loaded
                 for agent, loaded in flushing.load_each(self._store, agents).items()}
 
-    def load(self, agent: str) -> Read:
-        """The agent's log as this process sees it, unflushed."""
-        session, state = self._store.load(agent)
-        return Read(session, state)
-
-    def append(self, agent: str, read: Read, events: Sequence[NewEvent]) -> tuple[Event, ...]:
-        """Append ``events`` fenced at the length ``read`` saw (``FenceConflict`` when
-        another writer came between)."""
-        return self._store.append(agent, list(events), expected_seq=read.length)
-
-    def append_each(self, items: Sequence[tuple[str, Read, Sequence[NewEvent]]]
-                    ) -> dict[str, tuple[Event, ...] | Exception]:
-        """``append`` for many agents (distinct), in one round trip where the store can
-        (``flushing.append_each``): each one's events appended, or what its append raised."""
+    def append(self, items: Sequence[tuple[str, Read, Sequence[NewEvent]]]
+               ) -> dict[str, tuple[Event, ...] | Exception]:
+        """Append each agent's (distinct) events fenced at the length its read saw, in
+        one round trip where the store can (``flushing.append_each``): the events
+        appended, or what the append raised (``FenceConflict`` when another writer came
+        between)."""
         return flushing.append_each(self._store, [(agent, list(events), read.length)
                                                   for agent, read, events in items])
 
@@ -302,13 +302,13 @@ class LogTransactions:
         def attempt(n: int) -> tuple[Read, tuple[Event, ...], PersistenceError | None] | None:
             if flush(n):
                 self._store.flush(agent)
-            read = first if n == 0 and first is not None else self.load(agent)
+            read = first if n == 0 and first is not None else _only(self.load([agent]), agent)
             events = decide(read)
             if events is None:
                 return None
             if durably:
                 return read, *self.append_durably(agent, read, events)
-            return read, self.append(agent, read, events), None
+            return read, _only(self.append([(agent, read, events)]), agent), None
 
         return retry_fenced(what, attempt)
 
@@ -345,7 +345,7 @@ class LogTransactions:
     ) -> T:
         try:
             self._store.flush(agent)
-            read = self.load(agent)
+            read = _only(self.load([agent]), agent)
         except PersistenceError as exc:
             log.warning("preflight failed for %s: %s", agent, exc.reason)
             raise PersistenceUncertain() from None

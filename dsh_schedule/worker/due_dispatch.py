@@ -142,7 +142,7 @@ class DueDispatch:
         written_ms = self._clock()
         reach(Failpoint.AFTER_FOLLOWUP)
         # Every dispatch's fenced append, in one round trip where the store can.
-        results = self._tx.append_each([
+        results = self._tx.append([
             (p.agent, p.due.read,
              [NewEvent(type=SCHEDULE_CHANGE, time=p.due.decided_ms, data=encode_change(c))
               for c in p.plan.changes])

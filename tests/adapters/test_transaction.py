@@ -129,10 +129,10 @@ def test_a_fence_conflict_is_not_a_failure_of_the_batch_step(
     store: MemoryStore, tx: LogTransactions
 ) -> None:
     session = new_session(store)
-    stale = tx.load(session)
+    stale = tx.load([session])[session]
+    assert isinstance(stale, Read)
     store.append(session, list(_note(0)), expected_seq=stale.length)
-    with pytest.raises(FenceConflict):
-        tx.append(session, stale, _note(1))
+    assert isinstance(tx.append([(session, stale, _note(1))])[session], FenceConflict)
 
 
 def test_the_schedule_id_a_transaction_logs_with_ends_with_it(
