@@ -266,7 +266,7 @@ class DeliveryGate:
         its agent: a flush that succeeds after a failed one does not prove the earlier
         bytes durable."""
         decided.looked.extend(agents)
-        unflushed = self._tx.preflight_flush(agents)
+        unflushed = self._tx.flush(agents)
         # The logs read together, each its gate's first read (its fence checks it); one
         # that could not be read is read again by its gate.
         logs = self._tx.load([agent for agent in agents if agent not in unflushed])
@@ -291,7 +291,7 @@ class DeliveryGate:
         for agent, first, _events in ready:
             self._decide(agent, reads[agent], decided, first, written=appended[agent])
         delivered = [agent for agent in agents if agent in decided.delivered]
-        for agent, exc in self._tx.barrier(delivered).items():
+        for agent, exc in self._tx.flush(delivered).items():
             _unconfirmed(agent, exc)
             # The turn runs; the entry that delivered it (the agent's last decided) stays
             # unacknowledged for its next gate, after a backoff (the store is failing now).

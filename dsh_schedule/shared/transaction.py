@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, TypeVar
 
 import msgspec
 import redis
@@ -91,12 +91,6 @@ def retry_fenced_many(items: list[T], attempt: Callable[[int, list[T]], list[T]]
 # -- owed re-arms --------------------------------------------------------------------------
 
 
-class Waker(Protocol):
-    def trigger(self, agents: Sequence[str]) -> int:
-        """Enqueue immediate wakes for the agents; raises ``redis.RedisError``."""
-        ...
-
-
 class OwedRearms:
     """The agents one process owes a re-arm, each from a moment on (at once, unless it
     was owed for later: a worker's retry with backoff); thread-safe.
@@ -118,16 +112,22 @@ class OwedRearms:
         with self._lock:
             return list(self._owed)
 
-    def repay(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
+    def repay(self, waker: Coordination, *, now_ms: int | None = None, quietly: bool = False
+              ) -> list[str]:
         """Enqueue a wake for every agent owed one (by ``now_ms``, when given; nothing is
         sent when none is); those agents are owed nothing more. A Redis failure keeps
-        them owed, and is raised."""
+        them owed, and is raised unless ``quietly`` (then left for the next try)."""
         with self._lock:
             agents = [agent for agent, at in self._owed.items()
                       if now_ms is None or at <= now_ms]
         if not agents:
             return []
-        waker.trigger(agents)
+        try:
+            waker.trigger(agents)
+        except redis.RedisError:
+            if quietly:
+                return []
+            raise
         with self._lock:
             for agent in agents:
                 at = self._owed.get(agent)
@@ -135,13 +135,6 @@ class OwedRearms:
                     del self._owed[agent]  # not owed again for later meanwhile
         log.info("woke %d agent(s) whose re-arm had failed", len(agents))
         return agents
-
-    def repay_quietly(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
-        """``repay``, a Redis failure left for the next try."""
-        try:
-            return self.repay(waker, now_ms=now_ms)
-        except redis.RedisError:
-            return []
 
 
 # -- what moves through a transaction ------------------------------------------------------
@@ -243,17 +236,17 @@ class LogTransactions:
 
     # preflight, append, barrier
 
-    def preflight_flush(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
-        """The preflight flushes, together; the failures, by agent. A failed one stops its
-        agent: a flush that succeeds after a failed one does not prove the earlier bytes
-        durable."""
+    def flush(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
+        """Flush the agents' logs together (the preflight before a read, the barrier after
+        a write); the failures, by agent. A failed preflight stops its agent: a flush that
+        succeeds after a failed one does not prove the earlier bytes durable."""
         return flush_each(self._store, agents)
 
     def preflight(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
         """Flush the agents' logs together, then load each: its ``Read``, or what failed
         (the flush's or the load's ``PersistenceError``, a ``ScheduleLogError``, any
         other error of that agent alone). ``redis.RedisError`` is raised."""
-        unflushed = self.preflight_flush(agents)
+        unflushed = self.flush(agents)
         reads: dict[str, Read | Exception] = dict(unflushed)
         reads.update(self.load([agent for agent in agents if agent not in unflushed]))
         return {agent: reads[agent] for agent in agents}
@@ -280,10 +273,6 @@ class LogTransactions:
         can (``flushing.append_durably``): the events appended, and the barrier's failure
         (None: durable)."""
         return append_durably(self._store, agent, list(events), read.length)
-
-    def barrier(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
-        """The barrier flushes, together; the failures, by agent."""
-        return flush_each(self._store, agents)
 
     def fenced(
         self, agent: str, decide: Callable[[Read], Sequence[NewEvent] | None], *,
@@ -405,6 +394,4 @@ class LogTransactions:
         """Wake every agent owed a re-arm (by ``now_ms``, when given): nothing is sent
         when none is. ``redis.RedisError`` keeps them owed, and is raised unless
         ``quietly``."""
-        if quietly:
-            return self.owed.repay_quietly(self._coord, now_ms=now_ms)
-        return self.owed.repay(self._coord, now_ms=now_ms)
+        return self.owed.repay(self._coord, now_ms=now_ms, quietly=quietly)

@@ -191,7 +191,7 @@ class DueDispatch:
         """The barrier flushes, together: a dispatch confirmed is checked again next
         round; one whose flush failed stops its agent (its host confirms it with its own
         flush before delivering)."""
-        failed = self._tx.barrier(agents)
+        failed = self._tx.flush(agents)
         for agent in agents:
             if agent in failed:
                 log.log(failure_level(failed[agent]), "dispatch barrier for %s failed: %s", agent,
