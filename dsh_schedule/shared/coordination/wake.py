@@ -5,7 +5,7 @@ queue beside its session store, which the mover (``mover``) hands on once it is 
 Arming happens under the per-agent lock (``WakeProjection.rearm``). A wake id that may be
 queued or running is never re-scheduled (rq's success handling would overwrite or delete
 it): a new id is used instead. Immediate wakes (a new lease, a released phase, a rebuild)
-are plain rq jobs with rq's own ids. The scripts are the ``lua/`` files this module names.
+are ``wake_batch`` jobs with rq's own ids. The scripts are the ``lua/`` files it names.
 """
 
 from __future__ import annotations
