@@ -266,14 +266,6 @@ class LogTransactions:
         return flushing.append_each(self._store, [(agent, list(events), read.length)
                                                   for agent, read, events in items])
 
-    def append_durably(
-        self, agent: str, read: Read, events: Sequence[NewEvent]
-    ) -> tuple[tuple[Event, ...], PersistenceError | None]:
-        """``append`` and then the barrier of that agent alone, in one write where the store
-        can (``flushing.append_durably``): the events appended, and the barrier's failure
-        (None: durable)."""
-        return append_durably(self._store, agent, list(events), read.length)
-
     def fenced(
         self, agent: str, decide: Callable[[Read], Sequence[NewEvent] | None], *,
         what: str, flush: Callable[[int], bool], first: Read | None = None,
@@ -284,9 +276,9 @@ class LogTransactions:
         None when the decision writes nothing. ``flush(n)``: whether attempt ``n``
         flushes before it reads (a retry does, to confirm the conflicting writer's
         suffix). ``first``: the first attempt's read, when the caller has one (read with
-        others under their locks: the fence checks it). ``durably``: the append is
-        ``append_durably``, with the barrier of that agent; without it the caller runs
-        the barrier."""
+        others under their locks: the fence checks it). ``durably``: the append and that
+        agent's barrier are one write where the store can (``flushing.append_durably``);
+        without it the caller runs the barrier."""
 
         def attempt(n: int) -> tuple[Read, tuple[Event, ...], PersistenceError | None] | None:
             if flush(n):
@@ -296,7 +288,7 @@ class LogTransactions:
             if events is None:
                 return None
             if durably:
-                return read, *self.append_durably(agent, read, events)
+                return read, *append_durably(self._store, agent, list(events), read.length)
             return read, _only(self.append([(agent, read, events)]), agent), None
 
         return retry_fenced(what, attempt)
@@ -309,28 +301,30 @@ class LogTransactions:
     ) -> T:
         """One agent's transaction: its lock, then (each fence conflict starting again)
         the preflight, ``decide(read, now)``, the fenced append of its events and the
-        barrier, and last the re-arm from the latest confirmed fold, the lock released
-        in the re-arm's own write. A failed flush or write is ``PersistenceUncertain``.
+        barrier, and last the re-arm from the latest confirmed fold (none when its wake
+        was armed before the write), the lock released in the re-arm's own write. A failed flush or write is ``PersistenceUncertain``.
         Once the decision has answered, nothing that fails while finishing (the re-arm,
         the lock's release) changes the answer (docs/architecture.md#outages)."""
-        latest: list[FoldState] = []  # the latest confirmed fold: what the re-arm uses
+        # The latest confirmed fold, what the re-arm uses, and the target armed for it
+        # before the write (``_arm_ahead``; None: none).
+        latest: list[tuple[FoldState, int | None]] = []
+
+        def attempt(_n: int) -> T:
+            # A block of its own: the schedule id it adds to the log context ends with
+            # the attempt, whether or not the caller opened a block (a gate may not have).
+            with log_context():
+                return self._decide_and_append(agent, decide, latest)
+
         with self.hold(agent, wait_s=wait_s) as held:
             try:
-                return retry_fenced(what, lambda _n: self._attempt(agent, decide, latest))
+                return retry_fenced(what, attempt)
             finally:
                 if latest:
-                    self.rearm(agent, latest[-1], release=held)
-
-    def _attempt(
-        self, agent: str, decide: Callable[[Read, int], Decision[T]], latest: list[FoldState]
-    ) -> T:
-        # A block of its own: the schedule id it adds to the log context ends with the
-        # attempt, whether or not the caller opened a block (a gate may not have).
-        with log_context():
-            return self._decide_and_append(agent, decide, latest)
+                    self.rearm(agent, *latest[-1], release=held)
 
     def _decide_and_append(
-        self, agent: str, decide: Callable[[Read, int], Decision[T]], latest: list[FoldState]
+        self, agent: str, decide: Callable[[Read, int], Decision[T]],
+        latest: list[tuple[FoldState, int | None]],
     ) -> T:
         try:
             self._store.flush(agent)
@@ -338,49 +332,58 @@ class LogTransactions:
         except PersistenceError as exc:
             log.warning("preflight failed for %s: %s", agent, exc.reason)
             raise PersistenceUncertain() from None
-        latest.append(read.state)
+        latest.append((read.state, None))
         now_ms = self._clock()
         decision = decide(read, now_ms)
         if not decision.events:
             return decision.then(read.state)
         if decision.subject is not None:
             add_log_context(schedule_id=decision.subject)
-        self._arm_ahead(agent, read, decision.events, now_ms)
+        armed_ms = self._arm_ahead(agent, read, decision.events, now_ms)
         try:  # the append and the barrier, one write where the store can
-            appended, unconfirmed = self.append_durably(agent, read, decision.events)
+            appended, unconfirmed = append_durably(self._store, agent, list(decision.events),
+                                                   read.length)
         except PersistenceError as exc:
             log.warning("append failed for %s: %s", agent, exc.reason)
-            latest.append(either_outcome(read, decision.events, now_ms))
+            latest.append((either_outcome(read, decision.events, now_ms), None))
             raise PersistenceUncertain() from None
         if unconfirmed is not None:
             log.warning("barrier failed for %s: %s", agent, unconfirmed.reason)
-            latest.append(either_outcome(read, decision.events, now_ms))
+            latest.append((either_outcome(read, decision.events, now_ms), None))
             raise PersistenceUncertain(decision.subject) from None
         after = fold_events(read.state, appended)
-        latest.append(after)
+        latest.append((after, armed_ms))
         return decision.then(after)
 
     # re-arm
 
     def _arm_ahead(self, agent: str, read: Read, events: Sequence[NewEvent],
-                   now_ms: int) -> None:
+                   now_ms: int) -> int | None:
         """Before a write that can make the agent's wake earlier (a create, an update),
         arm the wake it may need: the earlier of the folds without and with the events
         (``either_outcome``). A re-arm that fails after the append, or a process that
         dies owing it (a one-shot ``call``), then leaves that wake in place; a write that
         fails leaves a wake that finds nothing, one read. ``redis.RedisError`` is raised:
-        nothing is written then (docs/architecture.md#owed-re-arms)."""
+        nothing is written then (docs/architecture.md#owed-re-arms). The target armed
+        (the fold with the events), or None when none was."""
         ahead = either_outcome(read, events, now_ms)
-        if ahead is not read.state:
-            self._coord.rearm([(agent, ahead)], now_ms)
+        if ahead is read.state:
+            return None
+        self._coord.rearm([(agent, ahead)], now_ms)
+        return next_wake_ms(ahead, now_ms)
 
-    def rearm(self, agent: str, state: FoldState, *, release: HeldLock) -> None:
-        """Re-arm from ``state``, releasing the lock in the re-arm's own write; a failure
-        is logged, never raised, and the re-arm is owed."""
+    def rearm(self, agent: str, state: FoldState, armed_ms: int | None = None, *,
+              release: HeldLock) -> None:
+        """Re-arm from ``state``, releasing the lock in the re-arm's own write, unless the
+        wake is already at its target (``armed_ms``, armed before the write: ``hold``
+        releases the lock); a failure is logged, never raised, and the re-arm is owed."""
         if self._watch is not None:
             self._watch(agent, state)
+        now_ms = self._clock()
+        if armed_ms is not None and next_wake_ms(state, now_ms) == armed_ms:
+            return
         try:
-            self._coord.rearm([(agent, state)], self._clock(), release=release)
+            self._coord.rearm([(agent, state)], now_ms, release=release)
         except redis.RedisError as exc:
             metrics.get().redis_error()
             self.owed.owe([agent])
