@@ -293,10 +293,7 @@ class HostBridge:
         written, they are owed (``OwedRearms``: retried once Redis answers) and the
         failure raised."""
         try:
-            if len(agents) == 1:
-                self._coord.wakes.trigger(agents[0], self._settings.queue)
-            else:
-                self._coord.wakes.trigger_many({self._settings.queue: agents})
+            self._coord.wakes.trigger({self._settings.queue: agents})
         except redis.RedisError:
             self.owed.owe(agents)
             raise
@@ -559,7 +556,7 @@ class HostBridge:
             if release is Release.WAITER_WOKEN or active:
                 wake.append(agent)
         if wake:
-            self._coord.trigger_many(wake)
+            self._coord.trigger(wake)
 
     # -- the delivery gate (``gate.DeliveryGate``) ------------------------------------
 

@@ -247,10 +247,10 @@ class DeliveryGate:
         flushes together: the preflights first (``LogTransactions.preflight_flush``), so
         each gate's own flush finds nothing left to do, and the deliveries' barriers after."""
         decided.looked.extend(agents)
-        unflushed = self._tx.preflight_flush(agents)
+        unflushed = self._tx.flush(agents)
         # The logs read together, each its gate's first read (its fence checks it); one
         # that could not be read is read again by its gate.
-        logs = self._tx.load_each([agent for agent in agents if agent not in unflushed])
+        logs = self._tx.load([agent for agent in agents if agent not in unflushed])
         ready: list[tuple[str, Read, tuple[NewEvent, ...]]] = []
         for agent in agents:
             first = logs.get(agent)
@@ -268,11 +268,11 @@ class DeliveryGate:
             else:
                 self._decide(agent, reads[agent], decided,
                              first if isinstance(first, Read) else None)
-        appended = self._tx.append_each(ready)
+        appended = self._tx.append(ready)
         for agent, first, _events in ready:
             self._decide(agent, reads[agent], decided, first, written=appended[agent])
         delivered = [agent for agent in agents if agent in decided.delivered]
-        for agent, exc in self._tx.barrier(delivered).items():
+        for agent, exc in self._tx.flush(delivered).items():
             _unconfirmed(agent, exc)
             # The turn runs; the entry that delivered it (the agent's last decided) stays
             # unacknowledged for its next gate, after a backoff (the store is failing now).

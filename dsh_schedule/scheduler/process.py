@@ -92,7 +92,7 @@ def recover_dead_workers(coord: Coordination) -> list[str]:
         claim = now_ms + RECOVERY_CLAIM_MS
         if not liveness.swap(name, score, claim):
             continue  # it beat again, or another scheduler took it
-        coord.trigger_many(held.agents)
+        coord.trigger(held.agents)
         liveness.drop_abandoned(held.job)
         liveness.swap(name, claim, None)
         log.warning("worker %s stopped beating while it held wake %s: woke its %d "

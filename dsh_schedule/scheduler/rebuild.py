@@ -47,7 +47,7 @@ def rebuild(coord: Coordination, settings: Settings, *, now_ms: int) -> RebuildR
     everything without it (``rebuild_note``, docs/decisions.md#delivery, "What rebuild is
     for")."""
     live = coord.leases.live_agents(now_ms=now_ms)
-    coord.trigger_many(live)
+    coord.trigger(live)
     coord.followups.recount(live)  # the pending-followups counter, put right
     return RebuildReport(woken=tuple(live), retired=tuple(_retire(coord, settings, now_ms)))
 
@@ -150,7 +150,7 @@ class Reconciler:
         retired = _retire(coord, self._settings, now_ms)
         hosts = coord.leases.live_hosts(now_ms=now_ms)
         swept = self._sweep(now_ms)
-        coord.trigger_many(swept)
+        coord.trigger(swept)
         report = ReconcileReport(woken=tuple(swept), retired=tuple(retired),
                                  hosts=len(hosts), swept=tuple(swept))
         self._record(report, hosts, now_ms)

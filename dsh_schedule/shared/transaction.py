@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, TypeVar
 
 import msgspec
 import redis
@@ -91,12 +91,6 @@ def retry_fenced_many(items: list[T], attempt: Callable[[int, list[T]], list[T]]
 # -- owed re-arms --------------------------------------------------------------------------
 
 
-class Waker(Protocol):
-    def trigger_many(self, agents: list[str]) -> int:
-        """Enqueue immediate wakes for the agents; raises ``redis.RedisError``."""
-        ...
-
-
 class OwedRearms:
     """The agents one process owes a re-arm, each from a moment on (at once, unless it
     was owed for later: a worker's retry with backoff); thread-safe.
@@ -118,16 +112,22 @@ class OwedRearms:
         with self._lock:
             return list(self._owed)
 
-    def repay(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
+    def repay(self, waker: Coordination, *, now_ms: int | None = None, quietly: bool = False
+              ) -> list[str]:
         """Enqueue a wake for every agent owed one (by ``now_ms``, when given; nothing is
         sent when none is); those agents are owed nothing more. A Redis failure keeps
-        them owed, and is raised."""
+        them owed, and is raised unless ``quietly`` (then left for the next try)."""
         with self._lock:
             agents = [agent for agent, at in self._owed.items()
                       if now_ms is None or at <= now_ms]
         if not agents:
             return []
-        waker.trigger_many(agents)
+        try:
+            waker.trigger(agents)
+        except redis.RedisError:
+            if quietly:
+                return []
+            raise
         with self._lock:
             for agent in agents:
                 at = self._owed.get(agent)
@@ -135,13 +135,6 @@ class OwedRearms:
                     del self._owed[agent]  # not owed again for later meanwhile
         log.info("woke %d agent(s) whose re-arm had failed", len(agents))
         return agents
-
-    def repay_quietly(self, waker: Waker, *, now_ms: int | None = None) -> list[str]:
-        """``repay``, a Redis failure left for the next try."""
-        try:
-            return self.repay(waker, now_ms=now_ms)
-        except redis.RedisError:
-            return []
 
 
 # -- what moves through a transaction ------------------------------------------------------
@@ -177,6 +170,14 @@ class PersistenceUncertain(ScheduleError):
     def __init__(self, subject: str | None = None) -> None:
         super().__init__("the session log could not confirm the write")
         self.subject = subject
+
+
+def _only(results: dict[str, R | Exception], agent: str) -> R:
+    """The agent's result of a batch of one, or what failed for it, raised."""
+    result = results[agent]
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 # -- the engine ----------------------------------------------------------------------------
@@ -235,55 +236,35 @@ class LogTransactions:
 
     # preflight, append, barrier
 
-    def preflight_flush(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
-        """The preflight flushes, together; the failures, by agent. A failed one stops its
-        agent: a flush that succeeds after a failed one does not prove the earlier bytes
-        durable."""
+    def flush(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
+        """Flush the agents' logs together (the preflight before a read, the barrier after
+        a write); the failures, by agent. A failed preflight stops its agent: a flush that
+        succeeds after a failed one does not prove the earlier bytes durable."""
         return flush_each(self._store, agents)
 
     def preflight(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
         """Flush the agents' logs together, then load each: its ``Read``, or what failed
         (the flush's or the load's ``PersistenceError``, a ``ScheduleLogError``, any
         other error of that agent alone). ``redis.RedisError`` is raised."""
-        unflushed = self.preflight_flush(agents)
+        unflushed = self.flush(agents)
         reads: dict[str, Read | Exception] = dict(unflushed)
-        reads.update(self.load_each([agent for agent in agents if agent not in unflushed]))
+        reads.update(self.load([agent for agent in agents if agent not in unflushed]))
         return {agent: reads[agent] for agent in agents}
 
-    def load_each(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
-        """``load`` for each agent, in one round trip where the store can
-        (``flushing.load_each``): its ``Read``, or what its load raised."""
+    def load(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
+        """Each agent's log as this process sees it, unflushed, in one round trip where
+        the store can (``flushing.load_each``): its ``Read``, or what its load raised."""
         return {agent: Read(*loaded) if isinstance(loaded, tuple) else loaded
                 for agent, loaded in flushing.load_each(self._store, agents).items()}
 
-    def load(self, agent: str) -> Read:
-        """The agent's log as this process sees it, unflushed."""
-        session, state = self._store.load(agent)
-        return Read(session, state)
-
-    def append(self, agent: str, read: Read, events: Sequence[NewEvent]) -> tuple[Event, ...]:
-        """Append ``events`` fenced at the length ``read`` saw (``FenceConflict`` when
-        another writer came between)."""
-        return self._store.append(agent, list(events), expected_seq=read.length)
-
-    def append_each(self, items: Sequence[tuple[str, Read, Sequence[NewEvent]]]
-                    ) -> dict[str, tuple[Event, ...] | Exception]:
-        """``append`` for many agents (distinct), in one round trip where the store can
-        (``flushing.append_each``): each one's events appended, or what its append raised."""
+    def append(self, items: Sequence[tuple[str, Read, Sequence[NewEvent]]]
+               ) -> dict[str, tuple[Event, ...] | Exception]:
+        """Append each agent's (distinct) events fenced at the length its read saw, in
+        one round trip where the store can (``flushing.append_each``): the events
+        appended, or what the append raised (``FenceConflict`` when another writer came
+        between)."""
         return flushing.append_each(self._store, [(agent, list(events), read.length)
                                                   for agent, read, events in items])
-
-    def append_durably(
-        self, agent: str, read: Read, events: Sequence[NewEvent]
-    ) -> tuple[tuple[Event, ...], PersistenceError | None]:
-        """``append`` and then the barrier of that agent alone, in one write where the store
-        can (``flushing.append_durably``): the events appended, and the barrier's failure
-        (None: durable)."""
-        return append_durably(self._store, agent, list(events), read.length)
-
-    def barrier(self, agents: Sequence[str]) -> dict[str, PersistenceError]:
-        """The barrier flushes, together; the failures, by agent."""
-        return flush_each(self._store, agents)
 
     def fenced(
         self, agent: str, decide: Callable[[Read], Sequence[NewEvent] | None], *,
@@ -295,20 +276,20 @@ class LogTransactions:
         None when the decision writes nothing. ``flush(n)``: whether attempt ``n``
         flushes before it reads (a retry does, to confirm the conflicting writer's
         suffix). ``first``: the first attempt's read, when the caller has one (read with
-        others under their locks: the fence checks it). ``durably``: the append is
-        ``append_durably``, with the barrier of that agent; without it the caller runs
-        the barrier."""
+        others under their locks: the fence checks it). ``durably``: the append and that
+        agent's barrier are one write where the store can (``flushing.append_durably``);
+        without it the caller runs the barrier."""
 
         def attempt(n: int) -> tuple[Read, tuple[Event, ...], PersistenceError | None] | None:
             if flush(n):
                 self._store.flush(agent)
-            read = first if n == 0 and first is not None else self.load(agent)
+            read = first if n == 0 and first is not None else _only(self.load([agent]), agent)
             events = decide(read)
             if events is None:
                 return None
             if durably:
-                return read, *self.append_durably(agent, read, events)
-            return read, self.append(agent, read, events), None
+                return read, *append_durably(self._store, agent, list(events), read.length)
+            return read, _only(self.append([(agent, read, events)]), agent), None
 
         return retry_fenced(what, attempt)
 
@@ -320,78 +301,89 @@ class LogTransactions:
     ) -> T:
         """One agent's transaction: its lock, then (each fence conflict starting again)
         the preflight, ``decide(read, now)``, the fenced append of its events and the
-        barrier, and last the re-arm from the latest confirmed fold, the lock released
-        in the re-arm's own write. A failed flush or write is ``PersistenceUncertain``.
+        barrier, and last the re-arm from the latest confirmed fold (none when its wake
+        was armed before the write), the lock released in the re-arm's own write. A failed flush or write is ``PersistenceUncertain``.
         Once the decision has answered, nothing that fails while finishing (the re-arm,
         the lock's release) changes the answer (docs/architecture.md#outages)."""
-        latest: list[FoldState] = []  # the latest confirmed fold: what the re-arm uses
+        # The latest confirmed fold, what the re-arm uses, and the target armed for it
+        # before the write (``_arm_ahead``; None: none).
+        latest: list[tuple[FoldState, int | None]] = []
+
+        def attempt(_n: int) -> T:
+            # A block of its own: the schedule id it adds to the log context ends with
+            # the attempt, whether or not the caller opened a block (a gate may not have).
+            with log_context():
+                return self._decide_and_append(agent, decide, latest)
+
         with self.hold(agent, wait_s=wait_s) as held:
             try:
-                return retry_fenced(what, lambda _n: self._attempt(agent, decide, latest))
+                return retry_fenced(what, attempt)
             finally:
                 if latest:
-                    self.rearm(agent, latest[-1], release=held)
-
-    def _attempt(
-        self, agent: str, decide: Callable[[Read, int], Decision[T]], latest: list[FoldState]
-    ) -> T:
-        # A block of its own: the schedule id it adds to the log context ends with the
-        # attempt, whether or not the caller opened a block (a gate may not have).
-        with log_context():
-            return self._decide_and_append(agent, decide, latest)
+                    self.rearm(agent, *latest[-1], release=held)
 
     def _decide_and_append(
-        self, agent: str, decide: Callable[[Read, int], Decision[T]], latest: list[FoldState]
+        self, agent: str, decide: Callable[[Read, int], Decision[T]],
+        latest: list[tuple[FoldState, int | None]],
     ) -> T:
         try:
             self._store.flush(agent)
-            read = self.load(agent)
+            read = _only(self.load([agent]), agent)
         except PersistenceError as exc:
             log.warning("preflight failed for %s: %s", agent, exc.reason)
             raise PersistenceUncertain() from None
-        latest.append(read.state)
+        latest.append((read.state, None))
         now_ms = self._clock()
         decision = decide(read, now_ms)
         if not decision.events:
             return decision.then(read.state)
         if decision.subject is not None:
             add_log_context(schedule_id=decision.subject)
-        self._arm_ahead(agent, read, decision.events, now_ms)
+        armed_ms = self._arm_ahead(agent, read, decision.events, now_ms)
         try:  # the append and the barrier, one write where the store can
-            appended, unconfirmed = self.append_durably(agent, read, decision.events)
+            appended, unconfirmed = append_durably(self._store, agent, list(decision.events),
+                                                   read.length)
         except PersistenceError as exc:
             log.warning("append failed for %s: %s", agent, exc.reason)
-            latest.append(either_outcome(read, decision.events, now_ms))
+            latest.append((either_outcome(read, decision.events, now_ms), None))
             raise PersistenceUncertain() from None
         if unconfirmed is not None:
             log.warning("barrier failed for %s: %s", agent, unconfirmed.reason)
-            latest.append(either_outcome(read, decision.events, now_ms))
+            latest.append((either_outcome(read, decision.events, now_ms), None))
             raise PersistenceUncertain(decision.subject) from None
         after = fold_events(read.state, appended)
-        latest.append(after)
+        latest.append((after, armed_ms))
         return decision.then(after)
 
     # re-arm
 
     def _arm_ahead(self, agent: str, read: Read, events: Sequence[NewEvent],
-                   now_ms: int) -> None:
+                   now_ms: int) -> int | None:
         """Before a write that can make the agent's wake earlier (a create, an update),
         arm the wake it may need: the earlier of the folds without and with the events
         (``either_outcome``). A re-arm that fails after the append, or a process that
         dies owing it (a one-shot ``call``), then leaves that wake in place; a write that
         fails leaves a wake that finds nothing, one read. ``redis.RedisError`` is raised:
-        nothing is written then (docs/architecture.md#owed-re-arms)."""
+        nothing is written then (docs/architecture.md#owed-re-arms). The target armed
+        (the fold with the events), or None when none was."""
         ahead = either_outcome(read, events, now_ms)
-        if ahead is not read.state:
-            self._coord.rearm(agent, ahead, now_ms)
+        if ahead is read.state:
+            return None
+        self._coord.rearm([(agent, ahead)], now_ms)
+        return next_wake_ms(ahead, now_ms)
 
-    def rearm(self, agent: str, state: FoldState, *, release: HeldLock) -> None:
-        """Re-arm from ``state``, releasing the lock in the re-arm's own write; a failure
-        is logged, never raised, and the re-arm is owed."""
+    def rearm(self, agent: str, state: FoldState, armed_ms: int | None = None, *,
+              release: HeldLock) -> None:
+        """Re-arm from ``state``, releasing the lock in the re-arm's own write, unless the
+        wake is already at its target (``armed_ms``, armed before the write: ``hold``
+        releases the lock); a failure is logged, never raised, and the re-arm is owed."""
         if self._watch is not None:
             self._watch(agent, state)
+        now_ms = self._clock()
+        if armed_ms is not None and next_wake_ms(state, now_ms) == armed_ms:
+            return
         try:
-            self._coord.rearm(agent, state, self._clock(), release=release)
+            self._coord.rearm([(agent, state)], now_ms, release=release)
         except redis.RedisError as exc:
             metrics.get().redis_error()
             self.owed.owe([agent])
@@ -401,15 +393,8 @@ class LogTransactions:
             self.owed.owe([agent])
             log.exception("re-arm for %s failed; it is woken again", agent)
 
-    def rearm_many(self, folds: Sequence[tuple[str, FoldState]]) -> None:
-        """Re-arm the agents from their folds in one write, their locks held; a Redis
-        failure is raised (the caller owes the whole batch)."""
-        self._coord.rearm_many(folds, self._clock())
-
     def repay_owed(self, *, quietly: bool = False, now_ms: int | None = None) -> list[str]:
         """Wake every agent owed a re-arm (by ``now_ms``, when given): nothing is sent
         when none is. ``redis.RedisError`` keeps them owed, and is raised unless
         ``quietly``."""
-        if quietly:
-            return self.owed.repay_quietly(self._coord, now_ms=now_ms)
-        return self.owed.repay(self._coord, now_ms=now_ms)
+        return self.owed.repay(self._coord, now_ms=now_ms, quietly=quietly)

@@ -71,28 +71,25 @@ class DueOwner:
         # The agents whose own wake failed, owed a retry with backoff (worker/retry.py).
         self.retries = WakeRetries()
 
-    def wake(self, agent: str, target_ms: int | None) -> WakeOutcome:
-        """Handle one wake (a batch of one): stale and duplicate wakes find nothing due
-        and return.
+    def wake(self, wakes: Sequence[tuple[str, int | None]]) -> dict[str, WakeOutcome]:
+        """``(agent, target)`` wakes as one batched due transaction, each agent's outcome
+        (docs/architecture.md#batched-due-transactions); stale and duplicate wakes find
+        nothing due and return.
 
-        Lines logged meanwhile carry the agent; the wake's outcome and duration are
-        recorded in the metrics (docs/architecture.md#operations)."""
-        with log_context(agent=agent):
-            return self.wake_many([(agent, target_ms)])[agent]
-
-    def wake_many(
-        self, wakes: Sequence[tuple[str, int | None]]
-    ) -> dict[str, WakeOutcome]:
-        """Many wakes as one batched due transaction
-        (docs/architecture.md#batched-due-transactions).
-
-        Each agent is decided exactly as ``wake`` decides it, under its own lock and
-        phase, after its own preflight, with its own fenced append and barrier; what the
-        batch shares are the round trips to Redis (liveness, locks, phase claims and
-        releases, followup writes, re-arms: one pipelined call each, whatever the batch's
-        size). An agent whose lock is busy is then woken alone, waiting for its lock as
-        ``wake`` does. The first wake of an agent named twice counts.
+        Each agent is decided under its own lock and phase, after its own preflight, with
+        its own fenced append and barrier; what the batch shares are the round trips to
+        Redis (liveness, locks, phase claims and releases, followup writes, re-arms: one
+        pipelined call each, whatever the batch's size). An agent whose lock is busy is
+        then woken alone, waiting for its lock. The first wake of an agent named twice
+        counts. Lines logged by a wake of one agent carry it; each outcome and duration is
+        recorded in the metrics (docs/architecture.md#operations).
         """
+        if len(wakes) == 1:
+            with log_context(agent=wakes[0][0]):
+                return self._wake(wakes)
+        return self._wake(wakes)
+
+    def _wake(self, wakes: Sequence[tuple[str, int | None]]) -> dict[str, WakeOutcome]:
         targets: dict[str, int | None] = {}
         for agent, target_ms in wakes:
             targets.setdefault(agent, target_ms)
@@ -203,8 +200,8 @@ class DueOwner:
             log.warning("wake for %s: still due after %d rounds", agent, MAX_ROUNDS)
             batch.stop(agent, WakeOutcome.STILL_DUE)
         outcomes.update(batch.outcomes)
-        self._tx.rearm_many([(agent, batch.settled[agent]) for agent in agents
-                             if batch.outcomes[agent] is WakeOutcome.SETTLED])
+        self._coord.rearm([(agent, batch.settled[agent]) for agent in agents
+                           if batch.outcomes[agent] is WakeOutcome.SETTLED], self._clock())
         # A failed agent's retry is owed in this worker's memory (``_owe_retries``), lost
         # if it dies: a wake RETRY_MAX_S on stands for it in Redis meanwhile, superseded by
         # the retry's own re-arm.

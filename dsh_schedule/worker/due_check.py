@@ -123,7 +123,7 @@ class DueCheck:
         ``schedule/change`` records, appended under the lock this worker holds, change
         the decision. An agent whose log cannot be read now gets the full check."""
         reads: dict[str, Read] = {}
-        for agent, read in self._tx.load_each(batch.at(Stage.RECHECK)).items():
+        for agent, read in self._tx.load(batch.at(Stage.RECHECK)).items():
             if isinstance(read, Read):
                 reads[agent] = read
             elif isinstance(read, (PersistenceError, ScheduleLogError)):

@@ -142,7 +142,7 @@ class DueDispatch:
         written_ms = self._clock()
         reach(Failpoint.AFTER_FOLLOWUP)
         # Every dispatch's fenced append, in one round trip where the store can.
-        results = self._tx.append_each([
+        results = self._tx.append([
             (p.agent, p.due.read,
              [NewEvent(type=SCHEDULE_CHANGE, time=p.due.decided_ms, data=encode_change(c))
               for c in p.plan.changes])
@@ -191,7 +191,7 @@ class DueDispatch:
         """The barrier flushes, together: a dispatch confirmed is checked again next
         round; one whose flush failed stops its agent (its host confirms it with its own
         flush before delivering)."""
-        failed = self._tx.barrier(agents)
+        failed = self._tx.flush(agents)
         for agent in agents:
             if agent in failed:
                 log.log(failure_level(failed[agent]), "dispatch barrier for %s failed: %s", agent,

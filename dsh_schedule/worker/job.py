@@ -87,7 +87,7 @@ def _job_id() -> str | None:
 def wake(agent: str, target_ms: int | None) -> str:
     """One wake; returns its outcome's name (rq keeps no result: ``result_ttl=0``)."""
     with log_context(wake_id=_job_id(), agent=agent):
-        return _owner().wake(agent, target_ms).value
+        return _owner().wake([(agent, target_ms)])[agent].value
 
 
 def wake_batch(payload: Any) -> dict[str, str]:
@@ -104,7 +104,7 @@ def wake_batch(payload: Any) -> dict[str, str]:
                                                    for w in batch.wakes]
         else:
             wakes = [(agent, None) for agent in batch.agents]
-        outcomes = _owner().wake_many(wakes)
+        outcomes = _owner().wake(wakes)
         return {agent: outcome.value for agent, outcome in outcomes.items()}
 
 

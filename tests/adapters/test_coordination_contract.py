@@ -45,7 +45,7 @@ def queued(client: redis.Redis, queue: str) -> list[str]:
 def test_rearm_of_an_agent_without_a_lease_arms_nothing(
     coordination: Coordination, redis_client: redis.Redis
 ) -> None:
-    assert coordination.rearm(AGENT, waiting_for(TARGET), T0) is None
+    assert coordination.rearm([(AGENT, waiting_for(TARGET))], T0)[0] is None
     assert coordination.wakes.projections([AGENT])[0].wake is None
     assert redis_client.dbsize() == 0
 
@@ -56,7 +56,7 @@ def test_rearm_arms_the_next_decision_time_on_the_lease_queue(
     # given a live agent whose lease names its queue
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
     # when the owner re-arms with a record waiting for TARGET
-    job_id = coordination.rearm(AGENT, waiting_for(TARGET), T0)
+    job_id = coordination.rearm([(AGENT, waiting_for(TARGET))], T0)[0]
     # then the wake is scheduled at TARGET's second, for the lease's queue
     assert job_id is not None
     score = redis_client.zscore(coordination.keys.scheduled_jobs(), job_id)
@@ -68,16 +68,16 @@ def test_rearm_with_nothing_active_retires_the_wake(
     coordination: Coordination, redis_client: redis.Redis
 ) -> None:
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
-    armed = coordination.rearm(AGENT, waiting_for(TARGET), T0)
+    armed = coordination.rearm([(AGENT, waiting_for(TARGET))], T0)[0]
     assert armed is not None
-    assert coordination.rearm(AGENT, EMPTY, T0) is None
+    assert coordination.rearm([(AGENT, EMPTY)], T0)[0] is None
     assert coordination.wakes.projections([AGENT])[0].wake is None
     assert redis_client.zscore(coordination.keys.scheduled_jobs(), armed) is None
 
 
 def test_rearm_with_something_overdue_arms_now(coordination: Coordination) -> None:
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
-    job_id = coordination.rearm(AGENT, waiting_for(T0 - 1_000), T0)
+    job_id = coordination.rearm([(AGENT, waiting_for(T0 - 1_000))], T0)[0]
     assert job_id == coordination.wakes.projections([AGENT])[0].wake
     assert job_id is not None and job_id.endswith(f"_{T0 // 1000}")
 
@@ -86,11 +86,11 @@ def test_trigger_uses_the_lease_queue_and_falls_back_to_the_configured_one(
     coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     # without a lease: the configured queue
-    coordination.trigger_many([AGENT])
+    coordination.trigger([AGENT])
     assert len(queued(redis_client, settings.queue)) == 1
     # with a lease: the queue it names
     coordination.leases.grant(AGENT, "beside-the-store", now_ms=T0, ttl_s=LEASE_S)
-    coordination.trigger_many([AGENT])
+    coordination.trigger([AGENT])
     assert len(queued(redis_client, "beside-the-store")) == 1
     assert len(queued(redis_client, settings.queue)) == 1
 
@@ -105,13 +105,13 @@ def test_every_key_of_every_port_is_under_the_prefix(
     assert not coordination.phase.claim([AGENT], "maintenance", "m1", 10.0)[0]
     add_followup(coordination.followups, AGENT, "text",
                  [Pair(scheduleId="schedule-1", occurrenceAt="x")])
-    coordination.rearm(AGENT, waiting_for(TARGET), T0)
+    coordination.rearm([(AGENT, waiting_for(TARGET))], T0)
     coordination.wakes.move_due(TARGET)
     Queue(queue, connection=redis_client).enqueue(
         WAKE_FUNC, AGENT, TARGET, job_id=wake_job_id(AGENT, TARGET)
     )  # a job still under the would-be id: the re-arm takes a suffixed id
-    coordination.rearm(AGENT, waiting_for(TARGET), T0)
-    coordination.trigger_many([AGENT])
+    coordination.rearm([(AGENT, waiting_for(TARGET))], T0)
+    coordination.trigger([AGENT])
     with coordination.locks.hold(AGENT, wait_s=0.0):
         # when the keyspace is listed
         written = {k.decode() for k in redis_client.scan_iter(match="*")}
@@ -153,15 +153,15 @@ def test_rearm_announces_again_a_followup_older_than_the_stale_age(
     assert announcements(redis_client, fresh, "beside-the-store") == 1
     time.sleep(0.01)
     # when it is re-armed while the entry is younger than the stale age: nothing more
-    fresh.rearm(AGENT, waiting_for(TARGET), T0)
+    fresh.rearm([(AGENT, waiting_for(TARGET))], T0)
     assert announcements(redis_client, fresh, "beside-the-store") == 1
     # and when it is older: announced again, on the lease's queue
-    stale.rearm(AGENT, waiting_for(TARGET), T0)
+    stale.rearm([(AGENT, waiting_for(TARGET))], T0)
     assert announcements(redis_client, fresh, "beside-the-store") == 2
     # an agent without a lease is neither armed nor announced
     add_followup(stale.followups, "cold", "text", [])
     time.sleep(0.01)
-    assert stale.rearm("cold", waiting_for(TARGET), T0) is None
+    assert stale.rearm([("cold", waiting_for(TARGET))], T0)[0] is None
     assert announcements(redis_client, fresh, settings.queue) == 0
 
 
@@ -170,8 +170,8 @@ def test_projections_tell_a_held_wake_from_a_lost_one_and_date_the_oldest_follow
 ) -> None:
     for agent in ("armed", "lost", "idle"):
         coordination.leases.grant(agent, settings.queue, now_ms=T0, ttl_s=LEASE_S)
-    armed = coordination.rearm("armed", waiting_for(TARGET), T0)
-    lost = coordination.rearm("lost", waiting_for(TARGET), T0)
+    armed = coordination.rearm([("armed", waiting_for(TARGET))], T0)[0]
+    lost = coordination.rearm([("lost", waiting_for(TARGET))], T0)[0]
     assert armed is not None and lost is not None
     # the lost wake's job goes away behind the projection's back
     redis_client.zrem(coordination.keys.scheduled_jobs(), lost)
@@ -200,7 +200,7 @@ def test_projections_of_many_agents_take_one_command_per_hundred(
     agents = [f"a{i}" for i in range(150)]
     for agent in agents[:3]:
         coordination.leases.grant(agent, settings.queue, now_ms=T0, ttl_s=LEASE_S)
-        coordination.rearm(agent, waiting_for(TARGET), T0)
+        coordination.rearm([(agent, waiting_for(TARGET))], T0)
     sent: list[str] = []
     queued = Pipeline.execute_command
 
@@ -215,13 +215,13 @@ def test_projections_of_many_agents_take_one_command_per_hundred(
     assert [p.wake_held for p in found] == [True] * 3 + [False] * 147
 
 
-def test_trigger_many_wakes_each_agent_on_its_lease_queue_in_batches(
+def test_trigger_wakes_each_agent_on_its_lease_queue_in_batches(
     coordination: Coordination, redis_client: redis.Redis, settings: Settings
 ) -> None:
     coordination.leases.grant("a", "queue-a", now_ms=T0, ttl_s=LEASE_S)
     coordination.leases.grant("b", "queue-b", now_ms=T0, ttl_s=LEASE_S)
-    assert coordination.trigger_many(["a", "b", "unleased"]) == 3  # one job per queue
-    assert coordination.trigger_many([]) == 0
+    assert coordination.trigger(["a", "b", "unleased"]) == 3  # one job per queue
+    assert coordination.trigger([]) == 0
     agents = {queue: [a for job in Queue(queue, connection=redis_client).jobs
                       for a in job.args[0]["agents"]]
               for queue in ("queue-a", "queue-b", settings.queue)}

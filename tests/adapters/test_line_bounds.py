@@ -268,7 +268,8 @@ def test_a_wake_of_a_session_with_such_a_line_ends_as_a_corrupt_log(
     coordination.leases.grant("s1", settings.queue, now_ms=clock(), ttl_s=60)
     owner = DueOwner(JsonlStore(tmp_path), coordination, settings, clock=clock)
 
-    assert on_a_deep_stack(700, lambda: owner.wake("s1", None)) is WakeOutcome.CORRUPT_LOG
+    woken = on_a_deep_stack(700, lambda: owner.wake([("s1", None)]))
+    assert woken["s1"] is WakeOutcome.CORRUPT_LOG
 
 
 def test_check_reports_such_a_file_in_one_line_and_checks_the_next(

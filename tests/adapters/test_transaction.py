@@ -86,7 +86,7 @@ def test_a_failed_barrier_is_uncertain_about_its_subject_and_still_re_arms(
     session = new_session(store)
     rearmed: list[str] = []
     monkeypatch.setattr(coordination, "rearm",
-                        lambda agent, *_a, **_k: rearmed.append(agent))
+                        lambda folds, *_a, **_k: rearmed.extend(a for a, _s in folds))
 
     def decide(read: Read, now: int) -> Decision[None]:
         return Decision(events=_note(now), then=lambda _after: None, subject="schedule-1")
@@ -114,7 +114,7 @@ def test_a_decision_that_refuses_still_re_arms_from_the_preflight(
     session = new_session(store)
     rearmed: list[str] = []
     monkeypatch.setattr(coordination, "rearm",
-                        lambda agent, *_a, **_k: rearmed.append(agent))
+                        lambda folds, *_a, **_k: rearmed.extend(a for a, _s in folds))
 
     def decide(read: Read, now: int) -> Decision[None]:
         raise ToolError("invalid_selector", "no")
@@ -129,10 +129,10 @@ def test_a_fence_conflict_is_not_a_failure_of_the_batch_step(
     store: MemoryStore, tx: LogTransactions
 ) -> None:
     session = new_session(store)
-    stale = tx.load(session)
+    stale = tx.load([session])[session]
+    assert isinstance(stale, Read)
     store.append(session, list(_note(0)), expected_seq=stale.length)
-    with pytest.raises(FenceConflict):
-        tx.append(session, stale, _note(1))
+    assert isinstance(tx.append([(session, stale, _note(1))])[session], FenceConflict)
 
 
 def test_the_schedule_id_a_transaction_logs_with_ends_with_it(

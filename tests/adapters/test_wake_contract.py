@@ -28,6 +28,7 @@ from dsh_schedule.shared.coordination.wake_jobs import (
     WAKE_FUNC,
     WAKE_TIMEOUT_S,
     DueWakes,
+    ImmediateWakes,
     ScheduledWake,
     decode_wakes,
     scheduled_wake,
@@ -616,16 +617,12 @@ def test_trigger_enqueues_an_immediate_wake(
     # given a scheduled wake
     scheduled = wakes.arm([ArmRequest(AGENT, T1, queue)])[0]
     # when an immediate wake is triggered
-    wakes.trigger(AGENT, queue)
-    # then a job for the agent, without a target, waits on the queue right away
+    assert wakes.trigger({queue: [AGENT]}) == 1
+    # then a batch of the agent, without a target, waits on the queue right away
     (job_id,) = queued(redis_client, queue)
     job = Job.fetch(job_id, connection=redis_client)
-    assert (job.func_name, tuple(job.args), job.result_ttl, job.origin) == (
-        WAKE_FUNC,
-        (AGENT, None),
-        0,
-        queue,
-    )
+    assert (job.func_name, job.result_ttl, job.origin) == (WAKE_BATCH_FUNC, 0, queue)
+    assert decode_wakes(job.args[0]) == ImmediateWakes(agents=(AGENT,))
     # and the scheduled wake is untouched
     assert schedule(redis_client, keys) == {scheduled: S1}
     assert wakes.projections([AGENT])[0].wake == scheduled
@@ -643,7 +640,7 @@ def test_every_key_the_projection_writes_is_under_the_prefix(
         WAKE_FUNC, AGENT, T2, job_id=wake_job_id(AGENT, T2)
     )  # a job still under the would-be id
     wakes.arm([ArmRequest(AGENT, T2, queue)])
-    wakes.trigger(AGENT, queue)
+    wakes.trigger({queue: [AGENT]})
     wakes.arm([ArmRequest("agent-2", T3, queue)])
     wakes.arm([ArmRequest("agent-2", None, queue)])
     # when the whole keyspace is listed

@@ -106,7 +106,7 @@ def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
     cpu_before, wall_before = time.process_time(), time.perf_counter()
     outcomes: Counter[str] = Counter()
     for start in range(0, agents, job):
-        found = owner.wake_many([(name, due_ms) for name in names[start:start + job]])
+        found = owner.wake([(name, due_ms) for name in names[start:start + job]])
         outcomes.update(outcome.value for outcome in found.values())
     cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
     redis_s = _redis_cpu(client.info("cpu")) - redis_before

@@ -97,7 +97,7 @@ def measure_scheduler(server: RedisServer, agents: int) -> dict[str, Any]:
         commands_1, _ = _redis_totals(client)
         woken = list(report.woken)
         for start in range(0, len(woken), 100):
-            owner.wake_many([(agent, None) for agent in woken[start : start + 100]])
+            owner.wake([(agent, None) for agent in woken[start : start + 100]])
         cpu_2 = time.process_time()
         result[label] = {"cpu_s": round(cpu_1 - cpu_0, 4),
                          "redis_commands": commands_1 - commands_0 - 2,

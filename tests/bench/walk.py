@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         tools.call("warm", "schedule_create", args)
         walks = {"tool call": traced(lambda: tools.call("walked", "schedule_create", args))}
         clock.now_ms += 61_000
-        owner.wake("warm", clock())
-        walks["due wake"] = traced(lambda: owner.wake("walked", clock()))
+        owner.wake([("warm", clock())])
+        walks["due wake"] = traced(lambda: owner.wake([("walked", clock())]))
     for name, (order, entries) in walks.items():
         outside = [f for f in order if not f.startswith(BEHIND)]
         print(json.dumps({"walk": name, "files": len(order),

@@ -168,7 +168,7 @@ async def _dispatched_agents(plugin: AsyncSchedulePlugin, settings: Settings,
         assert not result.is_error, result.content
     await asyncio.sleep(1.05)
     owner = DueOwner(plugin.store, plugin.coordination, settings, clock=wall_clock_ms)
-    outcomes = await asyncio.to_thread(owner.wake_many, [(name, None) for name in names])
+    outcomes = await asyncio.to_thread(owner.wake, [(name, None) for name in names])
     assert set(outcomes.values()) == {WakeOutcome.SETTLED}
 
 

@@ -75,7 +75,7 @@ def test_a_batch_dispatches_each_due_agent_once_and_arms_the_rest(
     wakes = _targets(system, [*due, "later"])
     clock.advance(6)
 
-    outcomes = system.owner.wake_many([*wakes, ("gone", None)])
+    outcomes = system.owner.wake([*wakes, ("gone", None)])
 
     assert outcomes == {**dict.fromkeys(due, WakeOutcome.SETTLED),
                         "later": WakeOutcome.SETTLED, "gone": WakeOutcome.NOT_LIVE}
@@ -100,7 +100,7 @@ def test_an_agent_whose_lock_is_busy_is_woken_alone_after_the_batch(
     release = threading.Timer(0.3, lock.release)  # the batch is done long before
     release.start()
     try:
-        outcomes = system.owner.wake_many(wakes)
+        outcomes = system.owner.wake(wakes)
     finally:
         release.join()
 
@@ -117,7 +117,7 @@ def test_an_agent_in_a_turn_waits_for_idle_and_spares_the_batch(
     phase = system.coordination.phase
     assert phase.claim_turn("busy", "tok", 30)
 
-    outcomes = system.owner.wake_many(wakes)
+    outcomes = system.owner.wake(wakes)
 
     assert outcomes == {"idle": WakeOutcome.SETTLED, "busy": WakeOutcome.WAITING_FOR_IDLE}
     assert dispatch_records(system.store, "busy") == []
@@ -152,7 +152,7 @@ def test_a_fence_conflict_in_a_batch_re_decides_that_agent_alone(
     system, clock = _system(redis_client, settings, store)
     wakes = _made_due(system, clock, ["plain", "contested"])
 
-    outcomes = system.owner.wake_many(wakes)
+    outcomes = system.owner.wake(wakes)
 
     assert store.interposed
     assert outcomes == {"plain": WakeOutcome.SETTLED, "contested": WakeOutcome.SETTLED}
@@ -191,7 +191,7 @@ def test_a_batch_costs_the_same_round_trips_and_commands_whatever_its_size(
         system, clock = _system(real_redis, settings)
         wakes = _made_due(system, clock, [f"{tag}{i}" for i in range(count)])
         before, sent = round_trips[0], Counter(commands)
-        outcomes = system.owner.wake_many(wakes)
+        outcomes = system.owner.wake(wakes)
         assert set(outcomes.values()) == {WakeOutcome.SETTLED}
         return round_trips[0] - before, commands - sent
 
@@ -212,7 +212,7 @@ def test_an_agent_that_just_dispatched_is_not_flushed_or_read_again(
     wakes = _made_due(system, clock, ["a1", "a2"])
     store.flushes.clear()
 
-    outcomes = system.owner.wake_many(wakes)
+    outcomes = system.owner.wake(wakes)
 
     assert outcomes == {"a1": WakeOutcome.SETTLED, "a2": WakeOutcome.SETTLED}
     # the preflight and the barrier; the check after the dispatch flushes nothing
@@ -229,7 +229,7 @@ def _dispatched(system: EmbeddedSystem, clock: FakeClock, names: Sequence[str]) 
     assert system.host.serve(0.0) == []  # the installs' own looks: nothing is due yet
     wakes = _targets(system, names)
     clock.advance(6)
-    assert set(system.owner.wake_many(wakes).values()) == {WakeOutcome.SETTLED}
+    assert set(system.owner.wake(wakes).values()) == {WakeOutcome.SETTLED}
 
 
 def test_the_host_delivers_many_agents_together_each_once(
@@ -335,7 +335,7 @@ def test_a_failed_barrier_stops_only_its_agent(
     system, clock = _system(redis_client, settings, store)
     wakes = _made_due(system, clock, ["unlucky", "fine"])
 
-    outcomes = system.owner.wake_many(wakes)
+    outcomes = system.owner.wake(wakes)
 
     assert outcomes == {"unlucky": WakeOutcome.BARRIER_FAILED, "fine": WakeOutcome.SETTLED}
     assert len(dispatch_records(store, "fine")) == 1
@@ -412,9 +412,10 @@ def test_opening_many_agents_enqueues_their_wakes_together(
     assert decode_wakes(jobs[0].args[0]) == ImmediateWakes(agents=tuple(many))
 
     queue.empty()
-    system.host.open_root("one")  # alone: its own wake, at once, as before
-    assert [(job.func_name, job.args) for job in queue.jobs] == [
-        ("dsh_schedule.worker.job.wake", ("one", None))]
+    system.host.open_root("one")  # alone: a batch of one, at once
+    (job,) = queue.jobs
+    assert job.func_name == "dsh_schedule.worker.job.wake_batch"
+    assert decode_wakes(job.args[0]) == ImmediateWakes(agents=("one",))
 
     with pytest.raises(RuntimeError), system.host.plugin.bridge.installing(), \
             system.host.plugin.bridge.installing():
@@ -474,7 +475,7 @@ def test_a_host_is_told_of_a_dispatch_once_the_worker_lets_the_agent_go(
     wakes = _made_due(system, clock, ["a1", "a2", "a3"])
     redis_client.delete(ready_key)  # the installs' own announcements
 
-    outcomes = system.owner.wake_many(wakes)
+    outcomes = system.owner.wake(wakes)
 
     assert set(outcomes.values()) == {WakeOutcome.SETTLED}
     # while the transaction held them, their followups were written but not announced

@@ -58,7 +58,7 @@ def _create(system: EmbeddedSystem, session: str, **args: Any) -> None:
 def _wake(system: EmbeddedSystem, session: str) -> None:
     """Run one wake now (the host keeps renewing its lease meanwhile)."""
     system.host.plugin.renew_leases()
-    system.owner.wake(session, None)
+    system.owner.wake([(session, None)])[session]
 
 
 def _active(system: EmbeddedSystem, session: str) -> list[str]:
@@ -281,7 +281,7 @@ def _three_dispatched(store: MemoryStore, client: redis.Redis, settings: Setting
         _create(system, session, prompt=f"for {session}", after_seconds=2)
     clock.advance(3)
     system.host.plugin.renew_leases()
-    system.owner.wake_many([(session, None) for session in sessions])
+    system.owner.wake([(session, None) for session in sessions])
     return system, sessions
 
 

@@ -176,7 +176,7 @@ def test_clock_rollback_never_delivers_early(system: EmbeddedSystem, clock: Fake
     system.step()
     clock.advance(-3600)  # the wall clock jumps back an hour
     for _ in range(10):
-        system.owner.wake(session, None)
+        system.owner.wake([(session, None)])[session]
         system.step()
     assert dispatch_records(system.store, session) == []
 
@@ -203,7 +203,8 @@ def test_two_wakes_at_the_same_moment_produce_one_dispatch(
     session = _open(system)
     _create(system, session, prompt="x", after_seconds=2)
     clock.advance(3)
-    threads = [threading.Thread(target=system.owner.wake, args=(session, None)) for _ in range(2)]
+    threads = [threading.Thread(target=system.owner.wake, args=([(session, None)],))
+               for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:

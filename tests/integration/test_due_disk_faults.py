@@ -81,7 +81,7 @@ def test_reminders_due_while_the_disk_fails_are_delivered_once_it_recovers(
 
     # when the disk fails at the due moment
     store.broken = True
-    outcomes = system.owner.wake_many([(session, clock()) for session in sessions])
+    outcomes = system.owner.wake([(session, clock()) for session in sessions])
 
     # then the wakes fail, and the worker owes each agent a retry with backoff
     assert outcomes == dict.fromkeys(sessions, outcome)

@@ -96,11 +96,12 @@ def test_expired_worker_cannot_deliver_and_the_reminder_arrives_once(
     _d, create = system.host.agents[session].tools["schedule_create"]
     create({"prompt": "x", "after_seconds": 2})
     clock.advance(3)
-    paused = threading.Thread(name="paused", target=system.owner.wake, args=(session, None))
+    paused = threading.Thread(name="paused", target=system.owner.wake,
+                              args=([(session, None)],))
     paused.start()
     assert store.paused.wait(5)
     time.sleep(0.4)  # the paused worker's lock expires; the next wake goes ahead
-    system.owner.wake(session, None)
+    system.owner.wake([(session, None)])[session]
     store.resume.set()
     paused.join()
     for _ in range(3):

@@ -190,7 +190,7 @@ def test_the_host_loop_rides_out_an_error_reply_and_delivers_once_afterwards(
         assert wait_until(lambda: _lines(caplog, "host: Redis is back") == 1, timeout=10)
         assert _lines(caplog, "host: Redis unavailable") == 1
         # ... and the reminder that fell due is delivered once
-        assert owner.wake(session, None) is WakeOutcome.SETTLED
+        assert owner.wake([(session, None)])[session] is WakeOutcome.SETTLED
         assert wait_until(lambda: delivered_counts(store, session)["schedule-1"] == 1,
                           timeout=20)
         time.sleep(0.5)
@@ -279,7 +279,7 @@ def test_a_delivery_round_an_error_reply_interrupts_still_finishes_its_turn(
     host.open_root(session)
     host.serve(0.0)
     _create(host, session, prompt="acknowledge me", after_seconds=1)
-    assert wait_until(lambda: owner.wake(session, None) is WakeOutcome.SETTLED
+    assert wait_until(lambda: owner.wake([(session, None)])[session] is WakeOutcome.SETTLED
                       and dispatch_counts(store, session)["schedule-1"] == 1, timeout=10)
     restores: list[Callable[[], None]] = []
     append = store.append
@@ -334,11 +334,11 @@ def test_a_full_disk_keeps_the_host_running_and_closes_every_turn_once_space_ret
         _create(host, session, prompt="second", after_seconds=3)
         time.sleep(1.1)
         disk.fill(after=1)  # the delivery's append fits, the turn's end does not
-        assert owner.wake(session, None) is WakeOutcome.SETTLED
+        assert owner.wake([(session, None)])[session] is WakeOutcome.SETTLED
         assert wait_until(lambda: _lines(caplog, "host: session store unavailable") == 1,
                           timeout=10)
         # when the second reminder falls due while the disk stays full
-        assert wait_until(lambda: owner.wake(session, None) is WakeOutcome.SETTLED
+        assert wait_until(lambda: owner.wake([(session, None)])[session] is WakeOutcome.SETTLED
                           and dispatch_counts(store, session)["schedule-2"] == 1, timeout=10)
         time.sleep(2.0)
         # then the host keeps running, delivering nothing into the open turn ...
@@ -412,7 +412,8 @@ def test_async_serve_rides_out_a_full_disk_and_an_error_reply(
             await asyncio.sleep(1.1)
             # the disk is full when the reminders are dispatched: nothing is delivered ...
             disk.fill()
-            assert await asyncio.to_thread(owner.wake, "s1", None) is WakeOutcome.SETTLED
+            woken = await asyncio.to_thread(owner.wake, [("s1", None)])
+            assert woken["s1"] is WakeOutcome.SETTLED
             await asyncio.sleep(1.0)
             assert delivered_counts(store, "s1") == {}
             # ... then a delivery fits, and the handler's end of its turn does not

@@ -294,33 +294,38 @@ def test_a_flush_is_found_by_the_generation_marker_and_every_wake_comes_back(
 
 
 @pytest.mark.slow
-def test_a_rearm_that_failed_after_a_durable_create_is_repaid_when_redis_is_back(
+def test_a_rearm_that_failed_after_a_durable_delete_is_repaid_when_redis_is_back(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    # given a host whose Redis starts refusing writes right after a create's append, and a
+    # given a host whose Redis starts refusing writes right after its next append, and a
     # scheduler that runs no reconcile pass (no sweep) after its start
     system = Deployment(tmp_path, redis_server, RECONCILE_INTERVAL="3600")
     try:
         system.start()
         session = new_session(system.store, "s1")
         undo: list[Any] = []
+        cut = threading.Event()
 
         class CutAfterAppend(JsonlStore):
             def append(self, *args: Any, **kwargs: Any) -> Any:
                 appended = super().append(*args, **kwargs)
-                undo.append(refuse_writes(system.client, "OOM"))
+                if cut.is_set():
+                    cut.clear()
+                    undo.append(refuse_writes(system.client, "OOM"))
                 return appended
 
         host = system.host(session, store=CutAfterAppend(system.settings.sessions))
         assert wait_until(lambda: system.client.llen("rq:queue:idle") == 0, 30)
-        # when the create is durable but its re-arm cannot reach Redis
-        created = _create(host, session, {"prompt": "water the plants", "after_seconds": 3})
-        assert created["id"]  # the answer stands: the record is in the log
+        dropped = _create(host, session, {"prompt": "dropped", "after_seconds": 3})
+        _create(host, session, {"prompt": "water the plants", "after_seconds": 5})
+        # when a delete is durable but its re-arm cannot reach Redis (a delete moves the
+        # wake later: it is re-armed after the write, not before)
+        cut.set()
+        _definition, delete = host.agents[session].tools["schedule_delete"]
+        assert value(delete({"id": dropped["id"]}).content)["deleted"] is True
         assert host.plugin.tools.owed.owed() == [session]
-        # (the reminder's wake was armed before the append: docs/architecture.md#owed-re-arms)
-        assert host.coordination.wakes.projections([session])[0].wake_held
         # then, once Redis takes writes again, the host repays the owed wake, and the
-        # reminder is delivered once
+        # reminder left is delivered once, the deleted one never
         undo[0]()
         assert wait_until(lambda: len(reminder_texts(system.store, session)) == 1, 60), \
             system.procs.describe()

@@ -144,7 +144,7 @@ def test_a_lost_followup_counts_as_reprojected_and_a_stray_one_as_dropped(
     system.worker.work(burst=True, logging_level="WARNING")  # dispatched, not delivered
     assert sample(recorder, "dsh_schedule_dispatches_total", kind="one-shot") == 1
     system.coordination.followups.drop([session])  # the followup is lost from Redis
-    system.coordination.trigger_many([session])  # its next wake re-projects it from the log
+    system.coordination.trigger([session])  # its next wake re-projects it from the log
     system.worker.work(burst=True, logging_level="WARNING")
     add_followup(system.coordination.followups, session, "stray", [])  # no dispatch covers this
     system.step()

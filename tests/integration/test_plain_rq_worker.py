@@ -36,7 +36,7 @@ def test_a_stock_rq_worker_dispatches_a_due_reminder(
     assert not created.is_error
     HostBridge(store, coordination, settings, clock=wall_clock_ms).install(session)
     time.sleep(1.2)
-    coordination.trigger_many([session])
+    coordination.trigger([session])
 
     # when rq's own worker command serves the queue once
     env = dict(

@@ -263,7 +263,7 @@ def test_a_full_server_disk_is_an_outage_said_once_and_the_reminder_waits_for_sp
         # when a tool call and the due wake meet the full disk
         refused = tools.call(session, "schedule_create", {"prompt": "no", "after_seconds": 1})
         time.sleep(1.2)
-        waited = owner.wake(session, None)
+        waited = owner.wake([(session, None)])[session]
         # then the call is not confirmed, and nothing was written or dispatched
         assert json.loads(refused.content)["code"] == "persistence_uncertain"
         assert waited is not WakeOutcome.SETTLED
@@ -271,8 +271,8 @@ def test_a_full_server_disk_is_an_outage_said_once_and_the_reminder_waits_for_sp
         assert [r.id for r in store.load(session)[1].active] == ["schedule-1"]
         # when space returns, the reminder is dispatched once, and the same call succeeds
         _free(small_disk_server)
-        assert owner.wake(session, None) is WakeOutcome.SETTLED
-        assert owner.wake(session, None) is WakeOutcome.SETTLED
+        assert owner.wake([(session, None)])[session] is WakeOutcome.SETTLED
+        assert owner.wake([(session, None)])[session] is WakeOutcome.SETTLED
         assert dispatch_counts(store, session) == Counter({"schedule-1": 1})
         again = tools.call(session, "schedule_create", {"prompt": "no", "after_seconds": 60})
         assert value(again.content)["id"] == "schedule-2"

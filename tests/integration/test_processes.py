@@ -238,7 +238,7 @@ def test_two_wakes_at_once_on_two_workers_make_one_dispatch(cluster: Cluster) ->
     cluster.call(session, "schedule_create", {"prompt": "x", "after_seconds": 1})
     time.sleep(1.2)
     for _ in range(4):
-        cluster.coordination.trigger_many([session])
+        cluster.coordination.trigger([session])
     assert wait_for(lambda: len(reminder_texts(cluster.store, session)) == 1)
     time.sleep(1.5)
     assert len(dispatch_records(cluster.store, session)) == 1

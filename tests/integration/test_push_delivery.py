@@ -135,7 +135,7 @@ def test_the_run_loop_delivers_what_is_announced(
         _create(host, session, prompt="stretch", after_seconds=1)
         due_at = wall_clock_ms() + 1_100
         assert wait_until(lambda: wall_clock_ms() >= due_at, timeout=5, interval=0.05)
-        assert owner.wake(session, None) is WakeOutcome.SETTLED  # writes and announces
+        assert owner.wake([(session, None)])[session] is WakeOutcome.SETTLED  # writes and announces
         assert wait_until(lambda: len(reminder_texts(store, session)) == 1, timeout=20)
     finally:
         stop.set()

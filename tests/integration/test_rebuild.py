@@ -118,7 +118,7 @@ def test_a_rebuild_batch_decides_each_agent_under_its_own_lock(
     assert held.acquire(blocking=False)
     clock.advance(6)
 
-    system.owner.wake_many([(agent, None) for agent in ("due", "later", "locked", "cold")])
+    system.owner.wake([(agent, None) for agent in ("due", "later", "locked", "cold")])
 
     held.release()
     wakes = system.coordination.wakes

@@ -200,6 +200,38 @@ def test_a_create_whose_re_arm_redis_refuses_after_the_append_is_still_woken_for
         (clock() + 60_000) // 1000]
 
 
+def test_a_create_that_makes_the_wake_earlier_arms_it_once_before_the_write(
+    server: fakeredis.FakeServer, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a live agent with a reminder due in two minutes
+    store, clock = MemoryStore(), FakeClock()
+    session = new_session(store)
+    client = fakeredis.FakeRedis(server=server)
+    coordination = Coordination(client, settings)
+    coordination.leases.install("host", [session], settings.queue, now_ms=clock(), ttl_s=600)
+    tools = ScheduleTools(store, coordination, settings, clock)
+    tools.call(session, "schedule_create", {"prompt": "later", "after_seconds": 120})
+    arms: list[int] = []  # the changes in the log at each arm
+    rearm = coordination.rearm
+
+    def counted(*args: object, **kwargs: object) -> object:
+        arms.append(len(_changes(store, session)))
+        return rearm(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(coordination, "rearm", counted)
+
+    # when the model creates one due sooner
+    result = tools.call(session, "schedule_create", {"prompt": "sooner", "after_seconds": 60})
+
+    # then its wake was armed once, before the append (none after it), and the lock is free
+    assert not result.is_error
+    assert arms == [1]
+    scheduled = coordination.keys.scheduled_jobs()
+    assert [score for _, score in client.zrange(scheduled, 0, -1, withscores=True)] == [
+        (clock() + 60_000) // 1000]
+    assert client.exists(coordination.keys.lock(session)) == 0
+
+
 def test_a_create_whose_wake_redis_refuses_before_the_append_writes_nothing(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,14 +258,19 @@ def test_a_one_shot_call_tries_its_owed_re_arm_again_before_it_exits(
     server: fakeredis.FakeServer, settings: Settings, back: bool,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # given a live agent whose create was written and whose re-arm then failed
+    # given a live agent whose delete was written and whose re-arm then failed (a
+    # delete moves the wake later: it is re-armed after the write, not before)
     store = CutAfterAppend(server)
     session = new_session(store)
     client = fakeredis.FakeRedis(server=server)
     coordination = Coordination(client, settings)
     coordination.leases.install("host", [session], settings.queue, now_ms=T0, ttl_s=600)
     tools = ScheduleTools(store, coordination, settings, FakeClock())
-    assert not tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 60}).is_error
+    store.armed = False
+    for after in (60, 120):
+        tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": after})
+    store.armed = True
+    assert not tools.call(session, "schedule_delete", {"id": "schedule-1"}).is_error
     assert tools.owed.owed() == [session]
 
     # when `dsh-schedule call` is about to exit, and Redis answers again (or not)

@@ -96,7 +96,7 @@ def test_a_wake_early_by_a_skewed_clock_sleeps_it_out_and_never_dispatches_early
     session, target = _open_with_reminder(system, clock)
     clock.now_ms = target - int(early_s * 1000)
     # when the worker runs the wake
-    assert system.owner.wake(session, target) is WakeOutcome.SETTLED
+    assert system.owner.wake([(session, target)])[session] is WakeOutcome.SETTLED
     # then it slept out the difference first and dispatched at the target, not before
     assert sleep.calls == [early_s]
     assert dispatched_at(system.store, session) == [target]
@@ -109,7 +109,7 @@ def test_a_wake_early_by_more_than_the_allowance_re_arms_its_target(
     session, target = _open_with_reminder(system, clock)
     clock.now_ms = target - int(settings.early_sleep_s * 1000) - 1
     # when the worker runs the wake
-    assert system.owner.wake(session, target) is WakeOutcome.SETTLED
+    assert system.owner.wake([(session, target)])[session] is WakeOutcome.SETTLED
     # then it neither slept nor dispatched, and the target is armed again, exactly
     assert sleep.calls == []
     assert dispatched_at(system.store, session) == []

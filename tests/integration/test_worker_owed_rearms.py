@@ -68,7 +68,7 @@ def test_a_worker_repays_the_wake_its_failed_batch_owes(
 
     # when Redis refuses writes right after the dispatch is appended
     store.armed = True
-    outcome = system.owner.wake_many([(session, clock())])[session]
+    outcome = system.owner.wake([(session, clock())])[session]
 
     # then the dispatch stands, nothing is armed for the next occurrence, and the worker
     # owes the agent a wake
@@ -109,7 +109,7 @@ def test_a_wake_that_failed_on_its_store_leaves_a_wake_in_redis_for_its_retry(
 
     # when its preflight fails on the store, and the worker then forgets what it owes
     store.fail_next_flush()
-    outcome = system.owner.wake_many([(session, clock())])[session]
+    outcome = system.owner.wake([(session, clock())])[session]
     assert outcome is WakeOutcome.PREFLIGHT_FAILED
     assert system.owner.owed.owed() == [session]
     del system

@@ -50,21 +50,13 @@ class Coordination:
         self._unloaded_queue = settings.queue if settings.wake_unloaded else None
 
     def rearm(
-        self, agent: str, state: FoldState, now_ms: int, *, release: HeldLock | None = None
-    ) -> str | None:
-        """The owner's recompute: arm the agent's wake at its next decision time.
-
-        Only a live agent is armed, on the queue its lease names. Hold the agent's lock;
-        with ``release``, the lock is released in the arm's own write.
-        """
-        return self.rearm_many([(agent, state)], now_ms, release=release)[0]
-
-    def rearm_many(
         self, folds: Sequence[tuple[str, FoldState]], now_ms: int, *,
         release: HeldLock | None = None,
     ) -> list[str | None]:
-        """``rearm`` for many agents (``WakeProjection.rearm``); hold every agent's
-        lock. Each agent's current wake id (None: not live, or nothing to wake for).
+        """The owner's recompute: arm each agent's wake at its next decision time
+        (``WakeProjection.rearm``); hold every agent's lock. Only a live agent is armed,
+        on the queue its lease names; with ``release``, the lock is released in the arm's
+        own write. Each agent's current wake id (None: not live, or nothing to wake for).
 
         With ``wake_unloaded``, a session no host serves gets the timer of an unloaded
         session at its next decision time instead, written while its lock is held."""
@@ -74,8 +66,8 @@ class Coordination:
                                 now_ms=now_ms)
         return self.wakes.rearm(folds, now_ms, release=release)
 
-    def trigger_many(self, agents: Sequence[str]) -> int:
-        """Enqueue immediate wakes for many agents, each on the queue its lease names, in
+    def trigger(self, agents: Sequence[str]) -> int:
+        """Enqueue immediate wakes for the agents, each on the queue its lease names, in
         ``wake_batch`` jobs; one round trip to look the queues up, one to enqueue. Returns
         the number of jobs."""
         if not agents:
@@ -83,7 +75,7 @@ class Coordination:
         by_queue: dict[str, list[str]] = {}
         for agent, queue in zip(agents, self.leases.queues_of(list(agents)), strict=True):
             by_queue.setdefault(queue, []).append(agent)
-        return self.wakes.trigger_many(by_queue)
+        return self.wakes.trigger(by_queue)
 
     # -- the due owner's verbs -------------------------------------------------------------
 
@@ -105,7 +97,7 @@ class Coordination:
         woken = [agent for agent, release in zip(agents, released, strict=True)
                  if release is Release.WAITER_WOKEN]
         if woken:
-            self.trigger_many(woken)
+            self.trigger(woken)
 
     def write_followups(self, items: Sequence[tuple[str, str, Sequence[Pair]]]) -> None:
         """Write ``(agent, text, pairs)`` followups in one round trip, unannounced

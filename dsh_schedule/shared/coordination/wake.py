@@ -5,7 +5,7 @@ queue beside its session store, which the mover (``mover``) hands on once it is 
 Arming happens under the per-agent lock (``WakeProjection.rearm``). A wake id that may be
 queued or running is never re-scheduled (rq's success handling would overwrite or delete
 it): a new id is used instead. Immediate wakes (a new lease, a released phase, a rebuild)
-are plain rq jobs with rq's own ids. The scripts are the ``lua/`` files this module names.
+are ``wake_batch`` jobs with rq's own ids. The scripts are the ``lua/`` files it names.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from dsh_schedule.shared.coordination.mover import PrefixedScheduler
 from dsh_schedule.shared.coordination.scripts import SCRIPT_BATCH_MAX, LuaScript, item_replies
 from dsh_schedule.shared.coordination.wake_jobs import (
     WAKE_BATCH,
-    WAKE_FUNC,
-    WAKE_TIMEOUT_S,
     ImmediateWakes,
     batch_job,
     wake_job_hash,
@@ -284,7 +282,7 @@ class WakeProjection:
         log.warning("%d agent(s) not armed: their lock expired before the arm; woken to arm "
                     "from their logs (docs/architecture.md#wake-projection)", len(lost))
         if by_queue:
-            self.trigger_many(by_queue)
+            self.trigger(by_queue)
 
     def _queue_arm_facts(self, pipe: Pipeline, targets: Sequence[tuple[str, int | None]]) -> int:
         """Queue on ``pipe`` the read ``_arm_facts`` decodes for each ``(agent, target)``
@@ -355,15 +353,10 @@ class WakeProjection:
                  current, self._keys.wake_counter(agent), self._keys.lock(agent)],
                 [previous or "", self._token(agent)])
 
-    def trigger(self, agent: str, queue: str) -> None:
-        """Enqueue an immediate wake; the wake decides everything under the lock."""
-        Queue(queue, connection=self._client).enqueue(
-            WAKE_FUNC, agent, None, result_ttl=0, job_timeout=WAKE_TIMEOUT_S
-        )
-
-    def trigger_many(self, agents_by_queue: dict[str, list[str]]) -> int:
-        """Enqueue immediate wakes for many agents: one rq job per ``WAKE_BATCH`` agents
-        of a queue, all in one pipelined round trip. Returns the number of jobs."""
+    def trigger(self, agents_by_queue: dict[str, list[str]]) -> int:
+        """Enqueue immediate wakes (the wake decides everything under the lock): one rq
+        job per ``WAKE_BATCH`` agents of a queue, all in one pipelined round trip.
+        Returns the number of jobs."""
         jobs = 0
         with self._client.pipeline() as pipe:
             for queue_name, agents in agents_by_queue.items():
