@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import Event, NewEvent, Session, SessionHeader
@@ -60,9 +60,6 @@ from dsh_schedule.shared.store.sessioncache import (
 )
 from dsh_schedule.shared.store.syncfs import FileSystemSync
 from dsh_schedule.shared.store.transfer import check_lines
-
-if TYPE_CHECKING:
-    from dsh_schedule.shared.settings import Settings
 
 __all__ = ["DEFAULT_CACHE_MB", "SUFFIX", "JsonlStore", "read_session_file",
            "read_session_file_tail"]
@@ -109,12 +106,6 @@ class JsonlStore(JsonlDurability):
         # The sorted escaped ids and the directory's (inode, modification time) they were
         # listed at (``_stems``).
         self._listing: tuple[tuple[int, int], list[str]] | None = None
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> JsonlStore:
-        """The store a deployment's settings describe: its session directory, cache budget
-        and whether ``syncfs`` may confirm a batch."""
-        return cls(settings.sessions, cache_mb=settings.cache_mb, syncfs=settings.syncfs)
 
 
     def parsed_bytes(self, session_id: str) -> int:

@@ -65,7 +65,6 @@ class PostgresReading:
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if not cache_mb >= 0:
             raise ValueError(f"cache_mb must be a number of MiB >= 0, got {cache_mb!r}")
-        self._url = url
         self._cache = EntryCache(int(cache_mb * 1024 * 1024))
         self._migrate = migrate
         self._timeout_s = timeout_s
@@ -87,10 +86,6 @@ class PostgresReading:
             configure=configure_connection, name="dsh-schedule-store",
         )
         self._pool.open(wait=False)
-
-    @property
-    def url(self) -> str:
-        return self._url
 
     def close(self) -> None:
         """Close the pool's connections (the store is unusable afterwards)."""
