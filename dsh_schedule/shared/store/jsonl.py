@@ -107,15 +107,17 @@ class JsonlStore(JsonlDurability):
         # listed at (``_stems``).
         self._listing: tuple[tuple[int, int], list[str]] | None = None
 
+    # -- what the cache holds, for the tests of its budget and cost (no metric exports it,
+    # so no production code reads it) -----------------------------------------------------
 
     def parsed_bytes(self, session_id: str) -> int:
-        """Bytes of the session's files this store has parsed since it last cached it
-        (cache diagnostics; 0 when it holds nothing of the session)."""
+        """Bytes of the session's files this store has parsed since it last cached it (0
+        when it holds nothing of the session)."""
         entry = self._cache.peek(session_id)
         return 0 if entry is None else entry.parsed_bytes
 
     def cache_stats(self) -> CacheStats:
-        """How many sessions the store keeps, and their accounted bytes (diagnostics)."""
+        """How many sessions the store keeps, their accounted bytes and its budget."""
         return self._cache.stats()
 
     def cached_bytes(self, session_id: str) -> int | None:

@@ -91,8 +91,10 @@ class PostgresReading:
         """Close the pool's connections (the store is unusable afterwards)."""
         self._pool.close()
 
+    # For the tests of the cache's budget (no metric exports it, so no production code
+    # reads it).
     def cache_stats(self) -> tuple[int, int]:
-        """How many sessions the store keeps, and their accounted bytes (diagnostics)."""
+        """How many sessions the store keeps, and their accounted bytes."""
         return self._cache.total()
 
     # -- schema ---------------------------------------------------------------------------
