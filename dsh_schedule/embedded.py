@@ -22,7 +22,7 @@ from rq.timeouts import BaseDeathPenalty, TimerDeathPenalty, UnixSignalDeathPena
 
 from dsh_schedule.host.gate import Delivery
 from dsh_schedule.host.reference import ReferenceHost
-from dsh_schedule.scheduler.process import RebuildReport, SchedulerLoop, rebuild
+from dsh_schedule.scheduler.process import SchedulerLoop
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.connection import connect_embedded
 from dsh_schedule.shared.settings import Settings
@@ -140,7 +140,3 @@ class EmbeddedSystem:
     def flush_redis(self) -> None:
         """Drop every key, as a Redis restart without persistence would."""
         self.client.flushdb()
-
-    def rebuild(self) -> RebuildReport:
-        self.host.plugin.renew_leases()
-        return rebuild(self.coordination, self.settings, now_ms=self.clock())

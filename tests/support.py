@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import Followups, Pair
 from dsh_schedule.shared.coordination.phase import AgentPhase
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, SessionHeader
@@ -254,3 +255,9 @@ def phase_holder(phase: AgentPhase, agent: str) -> str | None:
     """Who holds the agent's phase (``<kind>:<token>``; None: free), read from Redis."""
     value = phase._client.get(phase._keys.phase(agent))
     return value.decode() if isinstance(value, bytes) else None
+
+
+def unloaded_timer(coord: Coordination, queue: str, session: str) -> int | None:
+    """The session's timer on ``queue`` in epoch ms (None: none), read from Redis."""
+    score = coord.client.zscore(coord.keys.unloaded(queue), session)
+    return None if score is None else round(float(score))

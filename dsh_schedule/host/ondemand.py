@@ -262,10 +262,6 @@ class IdleSessions:
             self._used[session] = now_ms
             heapq.heappush(self._order, (now_ms, session))
 
-    def forget(self, session: str) -> None:
-        with self._state:
-            self._used.pop(session, None)
-
     def idle(self, now_ms: int) -> list[str]:
         """The sessions unused for ``after_ms`` up to ``now_ms``, forgotten here."""
         found: list[str] = []

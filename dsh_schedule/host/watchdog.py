@@ -103,11 +103,6 @@ class Watchdog:
             for agent in agents:
                 self._moment.pop(agent, None)
 
-    @property
-    def watched(self) -> int:
-        with self._state:
-            return len(self._moment)
-
     def check(self) -> list[str]:
         """Look at up to ``CHECK_BATCH`` agents whose moment passed ``repair_after_s`` ago:
         repair those with something still overdue or whose lease entries do not name this

@@ -186,7 +186,9 @@ class RedisRuntime:
         return {role: proc.pid for role, proc in self._by_role().items()}
 
     def exited(self) -> dict[str, int]:
-        """The exit code of each process of ``pids`` that is no longer running."""
+        """The exit code of each process of ``pids`` that is no longer running: what a
+        measurement on this runtime reports beside its figures (``tests/bench/store_burst``,
+        whose figures docs/benchmarks.md cites)."""
         return {role: code for role, proc in self._by_role().items()
                 if (code := proc.poll()) is not None}
 

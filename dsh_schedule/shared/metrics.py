@@ -352,6 +352,9 @@ class MetricsServer:
         self._server = server
 
     def close(self) -> None:
+        """Stop serving and free the port. For a host that serves metrics for less than
+        its whole life (``metrics.serve`` is its API, docs/host-integration.md) and for
+        tests; the CLI's processes serve until they exit, so they never call it."""
         self._server.shutdown()
         self._server.server_close()
 

@@ -38,7 +38,9 @@ def test_a_host_built_as_the_guide_shows_without_a_url_fails_before_answering(
 
     # when the host is composed as docs/host-integration.md shows, then it stops there
     with pytest.raises(RedisUrlMissing):
-        SchedulePlugin(store=JsonlStore.from_settings(settings),
+        store = JsonlStore(settings.sessions, cache_mb=settings.cache_mb,
+                           syncfs=settings.syncfs)
+        SchedulePlugin(store=store,
                        coordination=Coordination(connect(settings.redis_url), settings),
                        settings=settings)
 

@@ -16,7 +16,7 @@ import pytest
 from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import NewEvent
 from dsh_schedule.shared.settings import Settings, SettingsError
-from dsh_schedule.shared.store import syncfs
+from dsh_schedule.shared.store import naming, syncfs
 from dsh_schedule.shared.store.flushing import flush_each
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.support import new_session
@@ -160,11 +160,15 @@ def test_syncfs_off_flushes_each_file(tmp_path: Path) -> None:
     assert (store.syncfs_calls, store.fsyncs) == (0, 3)
 
 
-def test_a_store_from_settings_keeps_their_syncfs_and_cache(tmp_path: Path) -> None:
-    # given settings that turn syncfs off, and a store built from them
+def test_a_store_from_settings_keeps_their_syncfs_and_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given settings that turn syncfs off, and the store the processes build from them
     env = {"DSH_SCHEDULE_SESSIONS": str(tmp_path), "DSH_SCHEDULE_SYNCFS": "off",
            "DSH_SCHEDULE_CACHE_MB": "3"}
-    store = CountingStore.from_settings(Settings.from_env(env))
+    monkeypatch.setattr(naming, "JsonlStore", CountingStore)
+    store = naming.store_from_settings(Settings.from_env(env))
+    assert isinstance(store, CountingStore)
     ids = _sessions(store, 3)
     # then it flushes each file, and keeps its sessions within that budget
     assert flush_each(store, ids) == {}

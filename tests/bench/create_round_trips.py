@@ -37,7 +37,7 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import store_from_settings
 from dsh_schedule.shared.store.port import SessionStore
 from tests.redis_server import RedisServer
 
@@ -74,7 +74,7 @@ class Trace:
 
 def _store(kind: str, settings: Settings, trace: Trace | None) -> SessionStore:
     if kind == "jsonl":
-        return JsonlStore.from_settings(settings)
+        return store_from_settings(settings)
     from dsh_schedule.shared.store import postgres_reading
     from dsh_schedule.shared.store.postgres import PostgresStore
     from tests.postgres_server import empty_database, test_database_url

@@ -27,6 +27,7 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.logging_setup import configure
 from dsh_schedule.shared.settings import LogSettings, Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
+from dsh_schedule.shared.store.naming import store_from_settings
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.worker.due import DueOwner
 from tests.redis_server import RedisServer
@@ -49,9 +51,11 @@ def _redis_cpu(info: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def _store(settings: Settings, kind: str) -> SessionStore:
+def _stores(settings: Settings, kind: str) -> Callable[[], SessionStore]:
+    """Makes a store of ``kind`` over the run's sessions, a new one each call (the
+    PostgreSQL database is emptied once, here)."""
     if kind == "jsonl":
-        return JsonlStore.from_settings(settings)
+        return lambda: store_from_settings(settings)
     from dsh_schedule.shared.store.postgres import PostgresStore
     from tests.postgres_server import empty_database, test_database_url
 
@@ -59,7 +63,7 @@ def _store(settings: Settings, kind: str) -> SessionStore:
     if url is None:
         raise SystemExit("no PostgreSQL to measure on (tests/postgres_server.py)")
     empty_database(url)
-    return PostgresStore(url)
+    return lambda: PostgresStore(url)
 
 
 def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
@@ -69,7 +73,8 @@ def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
     sessions = Path(tempfile.mkdtemp(prefix="due-batch-"))
     settings = Settings(redis_url=server.url(), sessions=sessions, prefix="due:", queue="due")
     names = [f"due-{i:05d}" for i in range(agents)]
-    store = _store(settings, store_kind)
+    new_store = _stores(settings, store_kind)
+    store = new_store()
     if isinstance(store, JsonlStore):
         write_sessions(store, names, [], created_at_ms=wall_clock_ms())
         os.sync()
@@ -92,8 +97,7 @@ def measure(server: RedisServer, agents: int, job: int, *, pause: bool,
     tools.close()
     shift = due_ms - wall_clock_ms()
     # The worker's store is cold, as in a burst: a store of its own.
-    worker_store = _store(settings, "jsonl") if store_kind == "jsonl" else type(store)(
-        store.url)  # type: ignore[attr-defined]
+    worker_store = new_store()
     owner = DueOwner(worker_store, Coordination(client, settings), settings,
                      clock=lambda: wall_clock_ms() + shift)
     tune_for_service()  # as the worker process does

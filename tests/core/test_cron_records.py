@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dsh_schedule.shared.core.cron import parse_rule
 from dsh_schedule.shared.core.cron_occurrences import latest_at_or_before, next_after
-from dsh_schedule.shared.core.dispatch import group_frame, pending_frame, plan_dispatch
+from dsh_schedule.shared.core.dispatch import pending_frame, plan_dispatch
 from dsh_schedule.shared.core.due import (
     DispatchBatch,
     DispatchOne,
@@ -34,7 +34,7 @@ from dsh_schedule.shared.core.events import (
 from dsh_schedule.shared.core.fold import EMPTY, allocate_id, check_candidate, fold, fold_events
 from dsh_schedule.shared.core.instant import MAX_MS, format_instant, parse_instant
 from dsh_schedule.shared.core.ledger import Ledger
-from dsh_schedule.shared.core.presentation import own_dispatch_batches, reminder_presentation
+from dsh_schedule.shared.core.presentation import reminder_presentation
 from dsh_schedule.shared.core.records import (
     CronSchedule,
     DispatchChange,
@@ -43,6 +43,8 @@ from dsh_schedule.shared.core.records import (
 )
 from dsh_schedule.shared.core.timesel import load_zone
 from dsh_schedule.shared.core.views import list_value
+from tests.core.test_dispatch import frame_from_log
+from tests.core.test_presentation import own_batches
 
 T = "2026-12-01T12:00:00.000Z"  # a Tuesday
 WEEKDAYS_9 = "0 9 * * MON-FRI"
@@ -183,7 +185,7 @@ def test_cron_and_every_dispatched_in_one_batch_are_one_group() -> None:
     accepted = "2026-12-02T08:00:00.000Z"
     events = log(every("schedule-1"), cron("schedule-2"), dispatch("schedule-1", accepted),
                  dispatch("schedule-2", accepted))
-    assert own_dispatch_batches(events, 0) == [(2, 3)]
+    assert own_batches(events, 0) == [(2, 3)]
     assert fold(events).last_batch_ms == parse_instant(accepted)
 
 
@@ -392,11 +394,11 @@ def test_receipts_frames_and_the_ledger_agree_with_what_the_owner_planned(owner:
         assert presentation.occurrenceAt == format_instant(occurrence)
     session = Session(header=SessionHeader(id="s1", createdAt=0), events=tuple(owner.events))
     ledger = Ledger(0).extend(owner.events)
-    groups = ledger.undelivered()
+    groups = ledger.view().undelivered()
     assert [g.seqs for g in groups] == list(owner.plans)
     for group in groups:
         plan = owner.plans[group.seqs]
-        assert group_frame(session, group) == plan.text
+        assert frame_from_log(session, group) == plan.text
         assert pending_frame(ledger.view(), group) == plan.text
         assert group.pairs == plan.pairs
     assert ledger.state() == owner.state

@@ -10,9 +10,9 @@ import pytest
 from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, TURN_START, USER_MESSAGE, Event
 from dsh_schedule.shared.core.fold import fold
+from dsh_schedule.shared.core.ledger import Ledger
 from dsh_schedule.shared.core.presentation import (
     Presentation,
-    own_dispatch_batches,
     receipt_value,
     reminder_presentation,
 )
@@ -239,7 +239,13 @@ def test_the_receipt_value_adds_the_session_local_label_last() -> None:
     )
 
 
-def test_own_dispatch_batches_group_as_delivered() -> None:
+def own_batches(events: list[Event], seed_length: int) -> list[tuple[int, ...]]:
+    """The seqs of the fork's own dispatches, grouped as they are delivered: the groups its
+    ledger holds (these logs deliver none)."""
+    return [group.seqs for group in Ledger(seed_length).extend(events).view().undelivered()]
+
+
+def test_own_dispatches_group_as_delivered() -> None:
     # given an inherited dispatch, then own one-shots and recurring batches
     events = log(
         at("schedule-1", "09:00:00.000", "parent"),
@@ -260,28 +266,22 @@ def test_own_dispatch_batches_group_as_delivered() -> None:
     fold(events, 2)
 
     # when grouped from the fork's seed length
-    batches = own_dispatch_batches(events, 2)
+    batches = own_batches(events, 2)
 
     # then one-shots stand alone and consecutive same-acceptedAt dispatches group
     assert batches == [(6,), (7,), (8, 10), (11,), (13,)]
-    assert own_dispatch_batches(events[:2], 0) == [(1,)]  # the parent's own view
-    assert own_dispatch_batches(events, len(events)) == []
+    assert own_batches(events[:2], 0) == [(1,)]  # the parent's own view
+    assert own_batches(events, len(events)) == []
 
 
 def test_a_batch_ends_at_a_one_shot_dispatch_between_recurring_ones() -> None:
     events = log(every("schedule-1", "10:00:00.000", "a"), at("schedule-2", "10:00:00.000", "b"),
                  every("schedule-3", "10:00:00.000", "c"), dispatch("schedule-1", "10:00:00.000"),
                  dispatch("schedule-2"), dispatch("schedule-3", "10:00:00.000"))
-    assert own_dispatch_batches(events, 0) == [(3,), (4,), (5,)]
+    assert own_batches(events, 0) == [(3,), (4,), (5,)]
 
 
-@pytest.mark.parametrize("seed_length", [-1, 3])
-def test_own_dispatch_batches_reject_a_seed_length_outside_the_log(seed_length: int) -> None:
-    with pytest.raises(ScheduleLogError):
-        own_dispatch_batches(log(ONE, dispatch("schedule-1")), seed_length)
-
-
-def test_own_dispatch_batches_reject_a_malformed_record() -> None:
+def test_grouping_rejects_a_malformed_record_at_its_seq() -> None:
     with pytest.raises(ScheduleLogError) as caught:
-        own_dispatch_batches(log(ONE, {"version": 1, "operation": "dispatch"}), 0)
+        own_batches(log(ONE, {"version": 1, "operation": "dispatch"}), 0)
     assert caught.value.seq == 1

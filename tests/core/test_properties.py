@@ -12,12 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsh_schedule.shared.core.dispatch import (
-    DispatchPlan,
-    group_frame,
-    pending_frame,
-    plan_dispatch,
-)
+from dsh_schedule.shared.core.dispatch import DispatchPlan, pending_frame, plan_dispatch
 from dsh_schedule.shared.core.due import (
     DispatchBatch,
     DispatchOne,
@@ -48,7 +43,7 @@ from dsh_schedule.shared.core.instant import (
     parse_instant,
 )
 from dsh_schedule.shared.core.ledger import Ledger
-from dsh_schedule.shared.core.presentation import own_dispatch_batches, reminder_presentation
+from dsh_schedule.shared.core.presentation import reminder_presentation
 from dsh_schedule.shared.core.records import (
     MAX_EVERY_SECONDS,
     MIN_EVERY_SECONDS,
@@ -63,6 +58,8 @@ from dsh_schedule.shared.core.records import (
     encode_change,
     js_trim,
 )
+from tests.core.test_dispatch import frame_from_log
+from tests.core.test_presentation import own_batches
 
 # Timing is for benchmarks, never a pass/fail threshold.
 PROPERTY = settings(deadline=None, max_examples=150)
@@ -297,7 +294,7 @@ def test_receipts_name_the_occurrence_each_dispatch_delivered(owner: Owner) -> N
             assert reminder_presentation(owner.events, event.seq, 0) is None
 
     # and the delivered batches cover every dispatch once, in log order
-    batches = own_dispatch_batches(owner.events, 0)
+    batches = own_batches(owner.events, 0)
     assert [seq for batch in batches for seq in batch] == sorted(owner.occurrences)
 
 
@@ -309,14 +306,14 @@ def test_re_projection_renders_every_frame_the_owner_planned(owner: Owner) -> No
 
     # when the log's dispatch groups are read back and rendered
     ledger = Ledger(0).extend(owner.events)
-    groups = ledger.undelivered()
+    groups = ledger.view().undelivered()
 
     # then each is one planned dispatch, with the planned frame and pairs, rendered the
     # same from the log and from the prompts the ledger kept; the ledger's replay is the fold
     assert [g.seqs for g in groups] == list(owner.plans)
     for group in groups:
         plan = owner.plans[group.seqs]
-        assert group_frame(session, group) == plan.text
+        assert frame_from_log(session, group) == plan.text
         assert pending_frame(ledger.view(), group) == plan.text
         assert group.pairs == plan.pairs
     assert ledger.state() == owner.state
@@ -348,8 +345,8 @@ def test_a_fork_neither_inherits_nor_changes_its_parents_receipts(
         assert reminder_presentation(events, seq, seed_length) == reminder_presentation(
             alone.events, seq - seed_length, 0
         )
-    assert own_dispatch_batches(events, seed_length) == [
-        tuple(seq + seed_length for seq in batch) for batch in own_dispatch_batches(alone.events, 0)
+    assert own_batches(events, seed_length) == [
+        tuple(seq + seed_length for seq in batch) for batch in own_batches(alone.events, 0)
     ]
 
 

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.scheduler.process import rebuild
 from dsh_schedule.shared.core.fold import fold
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -62,6 +63,13 @@ def _list(system: EmbeddedSystem, session: str) -> list[dict[str, Any]]:
     _definition, handler = system.host.agents[session].tools["schedule_list"]
     got: list[dict[str, Any]] = value(handler({}).content)
     return got
+
+
+def _rebuild(system: EmbeddedSystem) -> None:
+    """The host renews its leases (after a flush: installs its agents anew), then an
+    operator's ``dsh-schedule rebuild`` wakes every live agent."""
+    system.host.plugin.renew_leases()
+    rebuild(system.coordination, system.settings, now_ms=system.clock())
 
 
 def _run(system: EmbeddedSystem, clock: FakeClock, seconds: float, tick: float = 0.5) -> None:
@@ -147,7 +155,7 @@ def test_flush_between_create_and_due_then_rebuild_delivers_once(
     session = _open(system)
     _create(system, session, prompt="x", after_seconds=5)
     system.flush_redis()
-    system.rebuild()
+    _rebuild(system)
     _run(system, clock, 8.0)
     assert len(reminder_texts(system.store, session)) == 1
 
@@ -162,7 +170,7 @@ def test_flush_after_dispatch_before_the_host_consumed_it_is_reprojected_once(
     system.worker.work(burst=True, logging_level="WARNING")
     assert len(dispatch_records(system.store, session)) == 1
     system.flush_redis()
-    system.rebuild()
+    _rebuild(system)
     _run(system, clock, 2.0)
     messages = reminder_texts(system.store, session)
     assert len(messages) == 1

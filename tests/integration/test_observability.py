@@ -23,7 +23,7 @@ from dsh_schedule import status
 from dsh_schedule.cli import main
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.tools import ScheduleTools
-from dsh_schedule.scheduler.process import Reconciler
+from dsh_schedule.scheduler.process import Reconciler, rebuild
 from dsh_schedule.shared import metrics
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.logging_setup import (
@@ -455,7 +455,9 @@ def test_a_rebuild_batch_counts_each_agent_wake_and_its_duration(
     before = {o: sample(recorder, "dsh_schedule_wakes_total", outcome=o.value)
               for o in WakeOutcome}
     durations = sample(recorder, "dsh_schedule_due_transaction_seconds_count")
-    system.rebuild()  # one immediate wake_batch job for both agents
+    system.host.plugin.renew_leases()
+    # one immediate wake_batch job for both agents
+    rebuild(system.coordination, system.settings, now_ms=system.clock())
     system.worker.work(burst=True, logging_level="WARNING")
     after = {o: sample(recorder, "dsh_schedule_wakes_total", outcome=o.value)
              for o in WakeOutcome}

@@ -24,7 +24,7 @@ from dsh_schedule.shared.core.events import SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.jsonl import JsonlStore
-from tests.support import wait_until
+from tests.support import unloaded_timer, wait_until
 
 pytestmark = [pytest.mark.redis]
 
@@ -100,7 +100,7 @@ def test_two_hosts_of_a_group_never_load_one_session_twice(
     # then: one host loaded it, and the other's answer was a no-op
     assert wait_until(lambda: sum("s1" in h.agents for h in hosts) == 1, timeout=10)
     assert not wait_until(lambda: sum("s1" in h.agents for h in hosts) > 1, timeout=2)
-    assert coord.unloaded.timer(on.queue, "s1") is None
+    assert unloaded_timer(coord, on.queue, "s1") is None
 
 
 def test_a_host_loads_at_most_load_concurrency_sessions_at_once(
@@ -189,11 +189,11 @@ def test_a_prompt_loads_a_session_and_an_idle_one_is_let_go_with_its_timer(
     # then: it is loaded, live, and its wake is its timer
     assert not results[0].is_error, results[0].content
     assert "s4" in host.agents and coord.leases.live_agents(now_ms=coord.clock()) == ["s4"]
-    assert coord.unloaded.timer(on.queue, "s4") is None
+    assert unloaded_timer(coord, on.queue, "s4") is None
     # and once idle it is let go, keeping an unloaded session's timer at its reminder
     assert wait_until(lambda: host.unload_idle() == ["s4"], timeout=5)
     assert "s4" not in host.agents and coord.leases.live_agents(now_ms=coord.clock()) == []
-    target = coord.unloaded.timer(on.queue, "s4")
+    target = unloaded_timer(coord, on.queue, "s4")
     assert target is not None and target > coord.clock() + 3_500_000
 
 

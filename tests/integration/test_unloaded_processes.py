@@ -32,6 +32,7 @@ from tests.support import (
     delivered_counts,
     dispatch_records,
     process_env,
+    unloaded_timer,
     wait_until,
 )
 
@@ -124,12 +125,12 @@ def test_each_kind_fires_once_in_a_session_never_loaded_and_is_let_go(group: Gro
     # and each is let go, the recurring ones keeping a timer at their next occurrence
     assert wait_until(lambda: not any(group.live(s) for s in targets), timeout=30), (
         procs.describe())
-    timers = group.coordination.unloaded
+    coord = group.coordination
     queue = group.settings.queue
-    assert timers.timer(queue, "after") is None
-    assert timers.timer(queue, "at") is None
-    assert timers.timer(queue, "every") == targets["every"] + 300_000
-    assert timers.timer(queue, "cron") == targets["cron"] + 3_600_000
+    assert unloaded_timer(coord, queue, "after") is None
+    assert unloaded_timer(coord, queue, "at") is None
+    assert unloaded_timer(coord, queue, "every") == targets["every"] + 300_000
+    assert unloaded_timer(coord, queue, "cron") == targets["cron"] + 3_600_000
     assert all(group.delivered(s) == 1 for s in targets)
     assert not procs.dead(), procs.describe_dead()
 
@@ -230,11 +231,11 @@ def test_a_flush_restores_the_timers_and_a_grown_log_is_delivered(group: Group) 
     # then: every timer is back, the grown log's at its own moment, and it is delivered
     assert wait_until(lambda: group.client.zcard(
         group.coordination.keys.unloaded(queue)) == 1000, timeout=30), procs.describe()
-    assert group.coordination.unloaded.timer(queue, grown) == target
+    assert unloaded_timer(group.coordination, queue, grown) == target
     assert wait_until(lambda: group.delivered(grown) == 1, timeout=30), procs.describe()
     times = group.dispatch_times(grown)
     assert len(times) == 1 and times[0] >= target
-    assert group.coordination.unloaded.timer(queue, ids[0]) == parse_instant(later)
+    assert unloaded_timer(group.coordination, queue, ids[0]) == parse_instant(later)
 
 
 def reminder(schedule_id: str, when: str, now_ms: int) -> NewEvent:
@@ -251,7 +252,7 @@ def test_rebuild_writes_the_timers_and_unload_after_needs_all_sessions(group: Gr
     done = group.procs.run("rebuild")
     assert done.returncode == 0, done.stderr
     assert msgspec.json.decode(done.stdout)["unloadedTimers"] == 2
-    assert group.coordination.unloaded.timer(group.settings.queue, "s2") == parse_instant(later)
+    assert unloaded_timer(group.coordination, group.settings.queue, "s2") == parse_instant(later)
     refused = group.procs.run("host", "s1", "--unload-after", "5")
     assert refused.returncode != 0
     assert "--unload-after needs --all-sessions" in refused.stderr

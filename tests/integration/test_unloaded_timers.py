@@ -20,7 +20,7 @@ from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.settings import Settings, SettingsError
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.adapters.test_store_contract import WHEN, at_create, header, message
-from tests.support import FakeClock
+from tests.support import FakeClock, unloaded_timer
 
 DUE = parse_instant(WHEN)
 
@@ -64,7 +64,7 @@ def test_a_due_timer_is_announced_once_per_backoff_step(coord: Coordination, on:
     assert [(a.attempt, a.backoff_ms) for a in second] == [(2, 20_000)]
     assert [(a.attempt, a.backoff_ms) for a in third] == [(3, 35_000)]
     assert [(a.attempt, a.backoff_ms) for a in fourth] == [(4, 35_000)]
-    assert timers.timer(on.queue, "s1") == DUE + 100_000
+    assert unloaded_timer(coord, on.queue, "s1") == DUE + 100_000
     cursor, requests = timers.read_requests(on.queue, "0-0", block_ms=None, count=10)
     assert [(r.session, r.attempt) for r in requests] == [("s1", 1), ("s1", 2), ("s1", 3),
                                                           ("s1", 4)]
@@ -87,8 +87,8 @@ def test_a_live_session_drops_its_timer_unless_its_lock_is_held(
         announced = coord.unloaded.take_due(DUE)
     # then: no request; the locked one is looked at again shortly
     assert announced == []
-    assert coord.unloaded.timer(on.queue, "s1") is None
-    assert coord.unloaded.timer(on.queue, "s2") == DUE + 1_000
+    assert unloaded_timer(coord, on.queue, "s1") is None
+    assert unloaded_timer(coord, on.queue, "s2") == DUE + 1_000
 
 
 def test_one_host_claims_a_load_and_a_live_session_is_a_no_op(
@@ -128,8 +128,8 @@ def test_a_flush_restores_every_timer_from_the_index_without_reading_every_log(
     # then
     assert written == 1000
     assert store.log_opens == 1
-    assert coord.unloaded.timer(on.queue, grown) == parse_instant("2026-06-01T08:00:00.000Z")
-    assert coord.unloaded.timer(on.queue, ids[0]) == DUE
+    assert unloaded_timer(coord, on.queue, grown) == parse_instant("2026-06-01T08:00:00.000Z")
+    assert unloaded_timer(coord, on.queue, ids[0]) == DUE
     assert [(o.timers, o.requests) for o in coord.unloaded.outstanding()] == [(1000, 0)]
 
 
@@ -142,8 +142,8 @@ def test_a_rebuild_only_moves_a_timer_earlier_and_skips_live_sessions(
     coord.unloaded.park(on.queue, {"s1": DUE - 5})
     coord.leases.install("h1", ["s2"], on.queue, now_ms=DUE - 10, ttl_s=60)
     assert coord.unloaded.rebuild(store, on.queue, now_ms=DUE - 10) == 0
-    assert coord.unloaded.timer(on.queue, "s1") == DUE - 5
-    assert coord.unloaded.timer(on.queue, "s2") is None
+    assert unloaded_timer(coord, on.queue, "s1") == DUE - 5
+    assert unloaded_timer(coord, on.queue, "s2") is None
 
 
 def test_a_tool_call_on_an_unloaded_session_writes_its_timer(
@@ -154,9 +154,9 @@ def test_a_tool_call_on_an_unloaded_session_writes_its_timer(
     tools = ScheduleTools(store, coord, on, clock)
     created = tools.call("s1", "schedule_create", {"prompt": "p", "after_seconds": 600})
     assert not created.is_error, created.content
-    assert coord.unloaded.timer(on.queue, "s1") == DUE - 3_000_000
+    assert unloaded_timer(coord, on.queue, "s1") == DUE - 3_000_000
     tools.call("s1", "schedule_delete", {"id": "schedule-1"})
-    assert coord.unloaded.timer(on.queue, "s1") is None
+    assert unloaded_timer(coord, on.queue, "s1") is None
 
 
 def test_a_session_let_go_keeps_its_timer_and_the_mode_off_writes_none(
@@ -171,7 +171,7 @@ def test_a_session_let_go_keeps_its_timer_and_the_mode_off_writes_none(
         host.close()
         found = [k for k in redis_client.scan_iter(f"{mode.prefix}unloaded*")]
         if mode.wake_unloaded:
-            assert coord.unloaded.timer(mode.queue, "s1") == DUE
+            assert unloaded_timer(coord, mode.queue, "s1") == DUE
         else:
             assert found == []
 
@@ -192,8 +192,8 @@ def test_a_session_let_go_from_another_queue_has_its_timer_only_there(
         host.open_root("s1")
         host.close()
     # then: its one timer is on B, where it was let go last; A announces nothing
-    assert coord.unloaded.timer(group_b.queue, "s1") == DUE
-    assert coord.unloaded.timer(group_a.queue, "s1") is None
+    assert unloaded_timer(coord, group_b.queue, "s1") == DUE
+    assert unloaded_timer(coord, group_a.queue, "s1") is None
     assert [(a.queue, a.session) for a in coord.unloaded.take_due(DUE)] == [
         (group_b.queue, "s1")]
 

@@ -67,7 +67,8 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
     ``wake_batch`` jobs: as many as the queue has workers, of at most ``MOVE_BATCH``
     wakes each (``move_batch_size``). A due job that is not one of our
     wakes is left to rq-scheduler's own ``enqueue_job``, exactly as its pass would move
-    it. ``enqueue_jobs()`` is that pass at the wall clock.
+    it. Nothing runs rq-scheduler's own loop (``run``, ``enqueue_jobs``) on it: the
+    scheduler process calls ``move_due`` from its own.
     """
 
     def __init__(self, keys: Keys, *, clock: Clock = wall_clock_ms, **kwargs: Any) -> None:
@@ -79,10 +80,6 @@ class PrefixedScheduler(Scheduler):  # type: ignore[misc]
         self.redis_scheduler_namespace_prefix = keys.scheduler_instances()
         self.next_due_ms: int | None = None
         self._workers: dict[str, tuple[float, int]] = {}  # queue -> (read at, count)
-
-    def enqueue_jobs(self) -> int:
-        """rq-scheduler's pass, made exact: ``move_due`` at the shared clock."""
-        return self.move_due(self.clock())
 
     def move_due(self, now_ms: int) -> int:
         """Hand on every job scored at or before ``now_ms``; how many were handed on.

@@ -266,11 +266,6 @@ class UnloadedTimers:
         return [Outstanding(queue, int(counts[2 * i]), int(counts[2 * i + 1]))
                 for i, queue in enumerate(queues)]
 
-    def timer(self, queue: str, session: str) -> int | None:
-        """The session's timer in epoch ms (None: none)."""
-        score = self._client.zscore(self._keys.unloaded(queue), session)
-        return None if score is None else round(float(score))
-
 
 def _ms(due: int | None) -> str:
     return "" if due is None else str(int(due))

@@ -2,10 +2,10 @@
 (docs/architecture.md#the-due-transaction, docs/architecture.md#hosts-followups-and-rebuild).
 
 A dispatch's frame is rendered in two places: by the due transaction from its decision,
-and by re-projection when the followup was lost — from the prompts the ledger kept of the
-undelivered group (``pending_frame``), or from the log itself (``group_frame``). All of
-them build the receipts of the dispatch through the replay rules and render them with
-``dispatch_frame``, so the frames are byte-identical.
+and by re-projection when the followup was lost, from the prompts the ledger kept of the
+undelivered group (``pending_frame``). Both build the receipts of the dispatch through the
+replay rules, as the receipt projection (``reminder_presentation``) does from the log, and
+render them with ``dispatch_frame``, so the frames are byte-identical.
 """
 
 from __future__ import annotations
@@ -16,15 +16,10 @@ import msgspec
 
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne
 from dsh_schedule.shared.core.errors import ScheduleLogError
-from dsh_schedule.shared.core.events import Session
 from dsh_schedule.shared.core.framing import FramingError, batch_frame, one_shot_frame
 from dsh_schedule.shared.core.instant import format_instant
 from dsh_schedule.shared.core.ledger import DispatchGroup, LedgerView, Pair
-from dsh_schedule.shared.core.presentation import (
-    Presentation,
-    delivery_presentation,
-    reminder_presentation,
-)
+from dsh_schedule.shared.core.presentation import Presentation, delivery_presentation
 from dsh_schedule.shared.core.records import DispatchChange
 from dsh_schedule.shared.core.replay import deliver
 
@@ -79,26 +74,11 @@ def plan_dispatch(decision: DispatchOne | DispatchBatch) -> DispatchPlan:
     return DispatchPlan(text=text, pairs=pairs, changes=changes)
 
 
-def group_frame(session: Session, group: DispatchGroup) -> str:
-    """The exact frame ``group`` was delivered with, rebuilt from the session's log
-    through the receipt projection.
-
-    ScheduleLogError when a seq of the group is no dispatch of the log or its receipt
-    cannot be built; FramingError when the receipts cannot be framed.
-    """
-    shown: list[Presentation] = []
-    for seq in group.seqs:
-        presentation = reminder_presentation(session.events, seq, session.seed_length)
-        if presentation is None:
-            raise ScheduleLogError("a dispatch group names an event that is no dispatch", seq)
-        shown.append(presentation)
-    return dispatch_frame(shown, batch=group.accepted_at is not None)
-
-
 def pending_frame(ledger: LedgerView, group: DispatchGroup) -> str:
     """The exact frame the undelivered ``group`` was delivered with, from the prompts the
-    ledger kept: the ledger replayed each record up to its dispatch by the same rules
-    ``group_frame`` replays from the log, so both render the same receipts.
+    ledger kept: the ledger replayed each record up to its dispatch by the same rules the
+    receipt projection (``reminder_presentation``) replays from the log, so both render
+    the same receipts.
 
     ScheduleLogError when ``group`` is no undelivered group of ``ledger``; FramingError
     when its receipts cannot be framed.

@@ -18,7 +18,6 @@ from dsh_schedule.shared.core.replay import (
     RECURRING_GAP_MS,
     FoldState,
     Replay,
-    advance_every,
     occurrence_at,
 )
 
@@ -26,7 +25,6 @@ __all__ = [
     "EMPTY",
     "RECURRING_GAP_MS",
     "FoldState",
-    "advance_every",
     "allocate_id",
     "check_candidate",
     "fold",

@@ -89,17 +89,6 @@ class Ledger:
             self._view = LedgerView(pending=tuple(self._pending.values()))
         return self._view
 
-    def undelivered(self) -> list[DispatchGroup]:
-        """Dispatch groups no delivered message covers, in log order."""
-        return self.view().undelivered()
-
-    def deliverable(self, pairs: Iterable[Pair]) -> bool:
-        """Whether ``pairs`` are exactly one undelivered dispatch group."""
-        return self.view().deliverable(pairs)
-
-    def _placed(self, number: int, group: DispatchGroup) -> None:
-        """Hook: group ``number`` is now ``group`` (a batch's group grows in place)."""
-
     def _change(self, event: Event) -> None:
         delivery = self._replay.apply(decode_change(event.data))
         self._state = None
@@ -133,7 +122,6 @@ class Ledger:
         self._last = grown
         self._batch_at = batch
         self._view = None
-        self._placed(number, grown.group)
 
     def _message(self, data: Any) -> None:
         # Any other host's message may land here: odd shapes cover nothing, never raise.
@@ -157,25 +145,6 @@ class Ledger:
         for pair in covered.group.pairs:
             self._group_of.pop(pair, None)
         self._view = None
-
-
-class _History(Ledger):
-    """A ledger that also remembers every group it placed."""
-
-    def __init__(self, seed_length: int) -> None:
-        super().__init__(seed_length)
-        self.groups: dict[int, DispatchGroup] = {}
-
-    def _placed(self, number: int, group: DispatchGroup) -> None:
-        self.groups[number] = group
-
-
-def dispatch_groups(events: Iterable[Event], seed_length: int) -> list[DispatchGroup]:
-    """Every dispatch group of the events from ``seed_length`` on, delivered or not, in
-    log order. ScheduleLogError at a record that does not replay."""
-    history = _History(seed_length)
-    history.extend(events)
-    return [history.groups[n] for n in sorted(history.groups)]
 
 
 def ledger_of(session: Session) -> LedgerView:

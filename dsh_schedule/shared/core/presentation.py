@@ -17,7 +17,6 @@ import msgspec
 
 from dsh_schedule.shared.core.errors import ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, Event
-from dsh_schedule.shared.core.ledger import dispatch_groups
 from dsh_schedule.shared.core.records import (
     Change,
     CreateChange,
@@ -86,19 +85,6 @@ def delivery_presentation(delivery: Delivery) -> Presentation:
     return Presentation(
         scheduleId=record.id, prompt=record.prompt, occurrenceAt=delivery.occurrence_at
     )
-
-
-def own_dispatch_batches(events: Sequence[Event], seed_length: int) -> list[tuple[int, ...]]:
-    """The seqs of the fork's own dispatches, grouped as they were delivered, in log order.
-
-    A one-shot dispatch (no ``acceptedAt``) is a group of its own. Recurring dispatches
-    that follow each other in the log with the same ``acceptedAt`` form one group; events
-    of other types between them do not split it, any other ``schedule/change`` does.
-    Raises ScheduleLogError on a ``seed_length`` outside ``0..len(events)`` or a malformed
-    ``schedule/change`` in the suffix.
-    """
-    _check_seed_length(events, seed_length)
-    return [group.seqs for group in dispatch_groups(events[seed_length:], seed_length)]
 
 
 def _check_seed_length(events: Sequence[Event], seed_length: int) -> None:

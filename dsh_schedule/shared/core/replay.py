@@ -63,13 +63,6 @@ def occurrence_at(record: EverySchedule, accepted_ms: int) -> int:
     return target + (accepted_ms - target) // period * period
 
 
-def advance_every(record: EverySchedule, accepted_ms: int) -> EverySchedule | None:
-    """The record after a dispatch accepted at ``accepted_ms`` (>= scheduledAt): its target
-    moves to the first anchor-aligned one after the delivered occurrence; None when that
-    target is beyond 9999-12-31T23:59:59.999Z, which ends the record."""
-    return _following(record, occurrence_at(record, accepted_ms))
-
-
 def _following(record: EverySchedule, occurrence_ms: int) -> EverySchedule | None:
     """The record once ``occurrence_ms`` was delivered; None past the last instant or
     once it has reached its end condition."""

@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import Event, NewEvent, Session, SessionHeader
@@ -60,9 +60,6 @@ from dsh_schedule.shared.store.sessioncache import (
 )
 from dsh_schedule.shared.store.syncfs import FileSystemSync
 from dsh_schedule.shared.store.transfer import check_lines
-
-if TYPE_CHECKING:
-    from dsh_schedule.shared.settings import Settings
 
 __all__ = ["DEFAULT_CACHE_MB", "SUFFIX", "JsonlStore", "read_session_file",
            "read_session_file_tail"]
@@ -110,21 +107,17 @@ class JsonlStore(JsonlDurability):
         # listed at (``_stems``).
         self._listing: tuple[tuple[int, int], list[str]] | None = None
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> JsonlStore:
-        """The store a deployment's settings describe: its session directory, cache budget
-        and whether ``syncfs`` may confirm a batch."""
-        return cls(settings.sessions, cache_mb=settings.cache_mb, syncfs=settings.syncfs)
-
+    # -- what the cache holds, for the tests of its budget and cost (no metric exports it,
+    # so no production code reads it) -----------------------------------------------------
 
     def parsed_bytes(self, session_id: str) -> int:
-        """Bytes of the session's files this store has parsed since it last cached it
-        (cache diagnostics; 0 when it holds nothing of the session)."""
+        """Bytes of the session's files this store has parsed since it last cached it (0
+        when it holds nothing of the session)."""
         entry = self._cache.peek(session_id)
         return 0 if entry is None else entry.parsed_bytes
 
     def cache_stats(self) -> CacheStats:
-        """How many sessions the store keeps, and their accounted bytes (diagnostics)."""
+        """How many sessions the store keeps, their accounted bytes and its budget."""
         return self._cache.stats()
 
     def cached_bytes(self, session_id: str) -> int | None:

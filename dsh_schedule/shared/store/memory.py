@@ -1,9 +1,11 @@
 """The in-memory ``SessionStore``: the same contract in process memory, plus faults.
 
-It ships with the package so tool and worker tests (and single-process demos) can run
-without a filesystem. Fault injection lets tests make appends and flushes fail and check
-which flushes were attempted; appended events that no flush has confirmed yet are
-tracked (``unflushed``) but never lost.
+It ships with the package (exported by ``dsh_schedule``) so tests, a host's as ours, and
+single-process demos can run without a filesystem. Fault injection lets tests make
+appends and flushes fail and check which flushes were attempted; appended events that no
+flush has confirmed yet are tracked (``unflushed``) but never lost (unless
+``lose_unflushed``). Those hooks are the fake's API for tests, with no production caller
+by design (docs/decisions.md#layout).
 """
 
 from __future__ import annotations

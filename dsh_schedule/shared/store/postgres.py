@@ -76,18 +76,11 @@ from dsh_schedule.shared.store.transfer import check_lines
 __all__ = [
     "CHUNK_EVENTS", "DEFAULT_CACHE_MB", "DEFAULT_POOL_SIZE", "DEFAULT_TIMEOUT_S",
     "DOWN_TIMEOUT_S", "EVENTS", "MIGRATIONS", "PAGE_IDS", "SCHEMA", "SCHEMA_VERSION",
-    "SESSIONS", "URL_SCHEMES", "PostgresStore", "TableEvents", "is_postgres_url",
-    "outage_errno",
+    "SESSIONS", "PostgresStore", "TableEvents", "outage_errno",
 ]
 
-URL_SCHEMES: Final = ("postgresql://", "postgres://")
 # sessions() fetches this many ids a query.
 PAGE_IDS: Final[int] = 10_000
-
-
-def is_postgres_url(name: str) -> bool:
-    """Whether a store name is a PostgreSQL URL (else it is a JSONL directory)."""
-    return name.startswith(URL_SCHEMES)
 
 
 class PostgresStore(PostgresAppending):

@@ -107,6 +107,8 @@ class EntryCache:
                                        session_id)
 
     def total(self) -> tuple[int, int]:
+        """The entries held and their accounted bytes (read by
+        ``PostgresReading.cache_stats``, for tests)."""
         with self._lock:
             return len(self._entries), self._total
 

@@ -65,7 +65,6 @@ class PostgresReading:
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if not cache_mb >= 0:
             raise ValueError(f"cache_mb must be a number of MiB >= 0, got {cache_mb!r}")
-        self._url = url
         self._cache = EntryCache(int(cache_mb * 1024 * 1024))
         self._migrate = migrate
         self._timeout_s = timeout_s
@@ -88,16 +87,14 @@ class PostgresReading:
         )
         self._pool.open(wait=False)
 
-    @property
-    def url(self) -> str:
-        return self._url
-
     def close(self) -> None:
         """Close the pool's connections (the store is unusable afterwards)."""
         self._pool.close()
 
+    # For the tests of the cache's budget (no metric exports it, so no production code
+    # reads it).
     def cache_stats(self) -> tuple[int, int]:
-        """How many sessions the store keeps, and their accounted bytes (diagnostics)."""
+        """How many sessions the store keeps, and their accounted bytes."""
         return self._cache.total()
 
     # -- schema ---------------------------------------------------------------------------

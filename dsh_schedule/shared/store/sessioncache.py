@@ -336,6 +336,7 @@ class SessionCache:
                 entry.flushed = stamp
 
     def stats(self) -> CacheStats:
+        """How full the cache is (read by ``JsonlStore.cache_stats``, for tests)."""
         with self._lock:
             return CacheStats(
                 entries=len(self._entries),
