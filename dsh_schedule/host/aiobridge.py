@@ -19,7 +19,6 @@ from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.followups import READY_START
-from dsh_schedule.shared.coordination.lock import LockUnavailable
 from dsh_schedule.shared.core.views import ToolResult
 
 T = TypeVar("T")
@@ -102,31 +101,6 @@ class AsyncHostBridge:
     @property
     def queue(self) -> str:
         return self.sync.queue
-
-    @property
-    def consumer(self) -> str:
-        return self.sync.consumer
-
-    # -- leases ---------------------------------------------------------------------
-
-    async def install(self, agent: str) -> bool:
-        try:
-            return await settle(self.sync.install, agent)
-        finally:
-            self.poke()
-
-    async def renew(self) -> list[str]:
-        """``HostBridge.renew`` (the host's lease, one command) in a thread."""
-        try:
-            return await settle(self.sync.renew)
-        finally:
-            self.poke()
-
-    async def dispose(self, agent: str) -> None:
-        """``HostBridge.dispose`` of one agent in a thread; ``LockUnavailable`` when its
-        lock stayed busy."""
-        if await settle(self.sync.dispose, [agent]):
-            raise LockUnavailable(agent)
 
     # -- which agents to look at ------------------------------------------------------
 

@@ -194,9 +194,6 @@ class Console:
                 self._opened.add(session_id)
             return self.host.agents[session_id]
 
-    def sessions(self) -> list[str]:
-        return self.store.sessions()
-
     def exists(self, session_id: str) -> bool:
         try:
             return self.store.exists(session_id)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Final
@@ -128,7 +126,6 @@ class WebServer:
             http=protocol, timeout_keep_alive=KEEP_ALIVE_S,
         )
         self.server = _Server(config, console)
-        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -147,26 +144,11 @@ class WebServer:
         return f"http://{shown}:{port}/"
 
     def serve(self) -> None:
-        """Run until SIGINT or SIGTERM (in the main thread) or ``stop()``."""
+        """Run until SIGINT or SIGTERM (``handle_exit``: in the main thread, uvicorn's
+        signal handlers call it)."""
         self.console.start()
         try:
             self.server.run(sockets=[self.socket])
         finally:
             self.console.stop()
             self.socket.close()
-
-    def start(self, *, timeout_s: float = 30.0) -> None:
-        """Serve from a thread of its own; returns once the server accepts requests."""
-        self._thread = threading.Thread(target=self.serve, name="web-server", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the web console did not start")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.console.closing = True
-        self.server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(GRACEFUL_S + 30)

@@ -9,8 +9,12 @@ apt when it is missing. A browser test fails, never skips, without it.
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ import pytest
 
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.web.console import Console
-from dsh_schedule.web.server import WebServer
+from dsh_schedule.web.server import GRACEFUL_S, WebServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("DSH_SCHEDULE_CHROMIUM", "/usr/bin/chromium"))
@@ -89,14 +93,29 @@ def served_off(tmp_path: Path) -> Iterator[Served]:
     yield from _served(web_settings(tmp_path, lifecycle=False))
 
 
+@contextmanager
+def running(server: WebServer) -> Iterator[WebServer]:
+    """``server.serve()`` in a thread of its own, back once it accepts requests, and ended
+    at the block's end as SIGTERM ends the CLI's (``handle_exit``)."""
+    thread = threading.Thread(target=server.serve, name="web-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the web console did not start")
+        time.sleep(0.02)
+    try:
+        yield server
+    finally:
+        server.server.handle_exit(signal.SIGTERM, None)
+        thread.join(GRACEFUL_S + 30)
+
+
 def _served(settings: Settings) -> Iterator[Served]:
     console = Console(settings)
     server = WebServer(console, port=0)
-    server.start()
-    try:
+    with running(server):
         yield Served(console, server)
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -104,11 +123,8 @@ def served_lifecycle(tmp_path: Path) -> Iterator[Served]:
     """An embedded console with the lifecycle on (``schedule_update`` offered)."""
     console = Console(web_settings(tmp_path, lifecycle=True))
     server = WebServer(console, port=0)
-    server.start()
-    try:
+    with running(server):
         yield Served(console, server)
-    finally:
-        server.stop()
 
 
 TOKEN = "test-token-0123456789abcdef"
@@ -119,8 +135,5 @@ def served_with_token(tmp_path: Path) -> Iterator[Served]:
     """An embedded console on a free port that requires ``TOKEN`` on every request."""
     console = Console(web_settings(tmp_path))
     server = WebServer(console, port=0, token=TOKEN)
-    server.start()
-    try:
+    with running(server):
         yield Served(console, server)
-    finally:
-        server.stop()

@@ -15,7 +15,7 @@ import pytest
 from dsh_schedule.web.access import COOKIE, LoginLimit, cookie_value
 from dsh_schedule.web.console import Console
 from dsh_schedule.web.server import WebServer
-from tests.web.conftest import TOKEN, Served, web_settings
+from tests.web.conftest import TOKEN, Served, running, web_settings
 from tests.web.test_http import call
 
 CLOSED_WITHIN_S = 20.0  # a generous bound on a 1 s read limit: only a held connection fails
@@ -65,11 +65,8 @@ def limited(tmp_path: Path) -> Iterator[Served]:
     console = Console(web_settings(tmp_path))
     server = WebServer(console, port=0, token=TOKEN,
                        login_limit=LoginLimit(burst=3, refill_s=3600))
-    server.start()
-    try:
+    with running(server):
         yield Served(console, server)
-    finally:
-        server.stop()
 
 
 def test_sign_in_attempts_past_the_limit_are_answered_429(limited: Served) -> None:
@@ -125,8 +122,7 @@ def test_a_slow_or_idle_client_does_not_keep_its_connection(tmp_path: Path) -> N
     one left idle after a response are each closed; the console still answers."""
     console = Console(web_settings(tmp_path))
     server = WebServer(console, port=0, request_read_s=1.0)
-    server.start()
-    try:
+    with running(server):
         host = f"127.0.0.1:{server.port}"
         slow = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(20)]
         silent = socket.create_connection(("127.0.0.1", server.port))
@@ -144,5 +140,3 @@ def test_a_slow_or_idle_client_does_not_keep_its_connection(tmp_path: Path) -> N
                 sock.close()
         status, _, _ = call(server.url.rstrip("/") + "/api/status")
         assert status == 200
-    finally:
-        server.stop()

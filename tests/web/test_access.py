@@ -58,7 +58,7 @@ def test_a_forged_host_is_refused_on_every_route(
     assert status == 421, (status, body[:200])
     assert body.startswith("refused: Host ")
     assert "--allowed-host" in body
-    assert "s" in served.console.sessions() and not served.console.exists("made")
+    assert "s" in served.console.store.sessions() and not served.console.exists("made")
     assert served.console.length("s") == length
 
 

@@ -50,7 +50,7 @@ def test_creating_a_session_validates_the_zone_and_the_id(served: Served) -> Non
     assert status == 400 and "a session id is" in body
     status, _, body = call(served.at("/sessions"), {"id": "s1", "timeZone": "UTC"})
     assert status == 400 and "already exists" in body
-    assert served.console.sessions() == ["s1"]
+    assert served.console.store.sessions() == ["s1"]
 
     status, headers, _ = call(served.at("/sessions"), {"id": "", "timeZone": "UTC"})
     assert status == 303 and headers["location"].startswith("/session/web-")
