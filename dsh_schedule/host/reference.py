@@ -436,6 +436,7 @@ class ReferenceHost:
             items.append((session_id, turn_end(*kept, now), delivery.turn + len(delivery.events)))
         written = append_each(self.store, items)
         failures: dict[str, PersistenceError] = {}
+        unexpected: list[Exception] = []  # raised once every other end is accounted for
         for session_id in deliveries:
             result = written[session_id]
             if isinstance(result, FenceConflict):
@@ -443,13 +444,17 @@ class ReferenceHost:
             elif isinstance(result, PersistenceError):
                 failure = result  # kept in ``_unfinished``, appended first next time
             elif isinstance(result, Exception):
-                raise result
+                unexpected.append(result)
+                continue
             else:
                 del self._unfinished[session_id]
                 failure = None
             if failure is not None:
                 failures[session_id] = failure
-        self._flush([session_id for session_id in deliveries if session_id not in failures])
+        self._flush([session_id for session_id in deliveries
+                     if session_id not in failures and session_id not in self._unfinished])
+        if unexpected:
+            raise unexpected[0]
         return failures
 
     def _finish_unfinished(self, session_id: str, *,
