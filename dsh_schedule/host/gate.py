@@ -244,7 +244,7 @@ class DeliveryGate:
     def _decide_held(self, agents: list[str], reads: dict[str, StreamRead],
                      decided: _Decided) -> None:
         """Gate the entries of ``agents``, whose locks the caller holds, with the round's
-        flushes together: the preflights first (``LogTransactions.preflight_flush``), so
+        flushes together: the preflights first (``LogTransactions.flush``), so
         each gate's own flush finds nothing left to do, and the deliveries' barriers after."""
         decided.looked.extend(agents)
         unflushed = self._tx.flush(agents)
