@@ -47,7 +47,7 @@ from dsh_schedule.shared.coordination.phase import Release
 from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.flushing import load_each
+from dsh_schedule.shared.store import many
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.transaction import OwedRearms
 
@@ -546,7 +546,7 @@ class HostBridge:
         released = self._coord.phase.release(agents, "turn", token)
         wake = []
         # The logs read together (one round trip where the store can).
-        logs = load_each(self._store, agents)
+        logs = many.load(self._store, agents)
         for agent, release in zip(agents, released, strict=True):
             loaded = logs[agent]
             if isinstance(loaded, Exception) and not isinstance(

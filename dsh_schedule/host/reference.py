@@ -50,7 +50,7 @@ from dsh_schedule.shared.core.events import (
 from dsh_schedule.shared.core.views import ToolResult
 from dsh_schedule.shared.logging_setup import log_context
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.flushing import append_each, flush_each
+from dsh_schedule.shared.store import many
 from dsh_schedule.shared.store.port import SessionStore
 from dsh_schedule.shared.transaction import retry_fenced
 
@@ -425,7 +425,7 @@ class ReferenceHost:
 
     def _finish(self, deliveries: Mapping[str, Delivery]) -> dict[str, PersistenceError]:
         """Append the ends of delivered turns, together (one round trip where the store
-        can: ``flushing.append_each``), and flush those appended; the failures, by
+        can: ``many.append``), and flush those appended; the failures, by
         session. An end the store cannot take is kept, to append later
         (``_finish_unfinished``); one whose log moved meanwhile is appended at its end."""
         now = self.clock()
@@ -434,7 +434,7 @@ class ReferenceHost:
             kept = (delivery.turn, _acknowledge(delivery))
             self._unfinished[session_id] = kept
             items.append((session_id, turn_end(*kept, now), delivery.turn + len(delivery.events)))
-        written = append_each(self.store, items)
+        written = many.append(self.store, items)
         failures: dict[str, PersistenceError] = {}
         unexpected: list[Exception] = []  # raised once every other end is accounted for
         for session_id in deliveries:
@@ -476,7 +476,7 @@ class ReferenceHost:
     def _flush(self, session_ids: Sequence[str]) -> None:
         """Flush sessions whose turn ends are appended; a failure is only logged (the
         next flush of the session confirms its turn)."""
-        for session_id, exc in flush_each(self.store, session_ids).items():
+        for session_id, exc in many.flush(self.store, session_ids).items():
             log.log(logging.DEBUG if outage_said(exc) else logging.WARNING,
                     "flush after the turn of %s failed: %s", session_id, exc.reason)
 

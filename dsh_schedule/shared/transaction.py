@@ -38,10 +38,9 @@ from dsh_schedule.shared.core.due import next_wake_ms
 from dsh_schedule.shared.core.events import Event, NewEvent, Session
 from dsh_schedule.shared.core.fold import FoldState, fold_events
 from dsh_schedule.shared.logging_setup import add_log_context, log_context
-from dsh_schedule.shared.store import flushing
+from dsh_schedule.shared.store import many
 from dsh_schedule.shared.store.codec import number_events
-from dsh_schedule.shared.store.flushing import append_durably, flush_each
-from dsh_schedule.shared.store.port import SessionStore
+from dsh_schedule.shared.store.port import SessionStore, append_durably
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +74,6 @@ def retry_fenced(what: str, attempt: Callable[[int], T], *, attempts: int = FENC
         except FenceConflict as conflict:
             log.info("%s: fence conflict (%s), re-deciding", what, conflict)
     raise FenceRetriesExhausted(what, attempts)
-
-
-def retry_fenced_many(items: list[T], attempt: Callable[[int, list[T]], list[T]]) -> list[T]:
-    """``retry_fenced`` for a batch: ``attempt(n, items)`` returns the items whose append
-    met another writer, tried again (re-read and re-decided) up to ``FENCE_ATTEMPTS``
-    attempts in all; returns those that still met one at the last."""
-    for n in range(FENCE_ATTEMPTS):
-        items = attempt(n, items)
-        if not items:
-            return []
-    return items
 
 
 # -- owed re-arms --------------------------------------------------------------------------
@@ -240,7 +228,7 @@ class LogTransactions:
         """Flush the agents' logs together (the preflight before a read, the barrier after
         a write); the failures, by agent. A failed preflight stops its agent: a flush that
         succeeds after a failed one does not prove the earlier bytes durable."""
-        return flush_each(self._store, agents)
+        return many.flush(self._store, agents)
 
     def preflight(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
         """Flush the agents' logs together, then load each: its ``Read``, or what failed
@@ -253,18 +241,18 @@ class LogTransactions:
 
     def load(self, agents: Sequence[str]) -> dict[str, Read | Exception]:
         """Each agent's log as this process sees it, unflushed, in one round trip where
-        the store can (``flushing.load_each``): its ``Read``, or what its load raised."""
+        the store can (``many.load``): its ``Read``, or what its load raised."""
         return {agent: Read(*loaded) if isinstance(loaded, tuple) else loaded
-                for agent, loaded in flushing.load_each(self._store, agents).items()}
+                for agent, loaded in many.load(self._store, agents).items()}
 
     def append(self, items: Sequence[tuple[str, Read, Sequence[NewEvent]]]
                ) -> dict[str, tuple[Event, ...] | Exception]:
         """Append each agent's (distinct) events fenced at the length its read saw, in
-        one round trip where the store can (``flushing.append_each``): the events
+        one round trip where the store can (``many.append``): the events
         appended, or what the append raised (``FenceConflict`` when another writer came
         between)."""
-        return flushing.append_each(self._store, [(agent, list(events), read.length)
-                                                  for agent, read, events in items])
+        return many.append(self._store, [(agent, list(events), read.length)
+                                        for agent, read, events in items])
 
     def fenced(
         self, agent: str, decide: Callable[[Read], Sequence[NewEvent] | None], *,
@@ -277,7 +265,7 @@ class LogTransactions:
         flushes before it reads (a retry does, to confirm the conflicting writer's
         suffix). ``first``: the first attempt's read, when the caller has one (read with
         others under their locks: the fence checks it). ``durably``: the append and that
-        agent's barrier are one write where the store can (``flushing.append_durably``);
+        agent's barrier are one write where the store can (``port.append_durably``);
         without it the caller runs the barrier."""
 
         def attempt(n: int) -> tuple[Read, tuple[Event, ...], PersistenceError | None] | None:

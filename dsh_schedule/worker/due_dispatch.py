@@ -26,7 +26,6 @@ from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.transaction import (
     FENCE_ATTEMPTS,
     LogTransactions,
-    retry_fenced_many,
 )
 from dsh_schedule.worker.due_check import Due, Planned, Stage, WakeBatch, failure_level
 from dsh_schedule.worker.outcome import WakeOutcome as WakeOutcome
@@ -82,13 +81,13 @@ class DueDispatch:
         (``FENCE_ATTEMPTS`` attempts in all); its followup written before stays without a
         dispatch, and the host drops it."""
         appended: list[str] = []
-
-        def attempt(n: int, due: list[Due]) -> list[Due]:
+        for n in range(FENCE_ATTEMPTS):
             if n:
                 due = self._redecide(due, batch)
-            return self._write_and_append(self._plan(due, batch), batch, appended)
-
-        for d in retry_fenced_many(due, attempt):
+            due = self._write_and_append(self._plan(due, batch), batch, appended)
+            if not due:
+                return appended
+        for d in due:
             log.warning("dispatch for %s: the log kept moving under %d attempts",
                         d.agent, FENCE_ATTEMPTS)
             batch.stop(d.agent, WakeOutcome.DISPATCH_ABANDONED)

@@ -18,11 +18,11 @@ import pytest
 from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, ScheduleLogError
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE, USER_MESSAGE, NewEvent, SessionHeader
 from dsh_schedule.shared.core.instant import parse_instant
-from dsh_schedule.shared.store.flushing import append_durably, append_each, load_each
+from dsh_schedule.shared.store import many
 from dsh_schedule.shared.store.ids import escape_session_id
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from dsh_schedule.shared.store.memory import MemoryStore
-from dsh_schedule.shared.store.port import DueEntry, SessionExists, SessionStore
+from dsh_schedule.shared.store.port import DueEntry, SessionExists, SessionStore, append_durably
 from dsh_schedule.shared.store.postgres import PostgresStore
 from tests.postgres_server import require_postgres
 
@@ -315,7 +315,7 @@ def test_appends_to_many_sessions_are_each_fenced_at_their_own_length(
     before = store.read("s3")
     # when appended to together (in one round trip where the store can), one of them at a
     # length it no longer has
-    appended = append_each(store, [("s1", [message("b"), message("c")], 1),
+    appended = many.append(store, [("s1", [message("b"), message("c")], 1),
                                    ("s2", [at_create("schedule-1")], 1),
                                    ("s3", [message("late")], 1)])
     # then each one whose fence held holds its events, numbered from there, and the other
@@ -420,7 +420,7 @@ def test_loading_many_sessions_reads_each_as_its_own_load_does(store: SessionSto
     store.load("s1")
     store.append("s1", [delete("schedule-1")], 2)
     # when they are loaded together (a batch's reads: one round trip where the store can)
-    loaded = load_each(store, ["s1", "s2", "ghost", "s3", "s1"])
+    loaded = many.load(store, ["s1", "s2", "ghost", "s3", "s1"])
     # then each reads as its own load, and the missing one fails alone
     assert list(loaded) == ["s1", "s2", "ghost", "s3"]
     assert isinstance(loaded["ghost"], PersistenceError)

@@ -16,8 +16,7 @@ import pytest
 from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import NewEvent
 from dsh_schedule.shared.settings import Settings, SettingsError
-from dsh_schedule.shared.store import naming, syncfs
-from dsh_schedule.shared.store.flushing import flush_each
+from dsh_schedule.shared.store import many, naming, syncfs
 from dsh_schedule.shared.store.jsonl import JsonlStore
 from tests.support import new_session
 
@@ -87,36 +86,36 @@ def test_a_batch_of_changed_files_is_confirmed_by_one_syncfs(tmp_path: Path) -> 
     store = CountingStore(tmp_path)
     ids = _sessions(store, 5)
 
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert (store.syncfs_calls, store.fsyncs) == (1, 0)
 
     # Nothing changed since: neither a batch nor a single flush syncs again.
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     store.flush(ids[0])
     assert (store.syncfs_calls, store.fsyncs) == (1, 0)
 
     _append(store, ids[2])  # one changed file: the batch syncs for it alone
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert (store.syncfs_calls, store.fsyncs) == (2, 0)
 
 
 def test_a_file_this_store_changed_is_confirmed_without_a_stat(tmp_path: Path) -> None:
     store = CountingStore(tmp_path)
     ids = _sessions(store, 3)
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     for session_id in ids:
         _append(store, session_id)
     store.stats = 0
 
     # Its own appends left their stamps: one sync, and no stat.
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert (store.syncfs_calls, store.stats) == (2, 0)
 
     # Unchanged by this store since: whether another writer changed a file takes a stat.
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert (store.syncfs_calls, store.stats) == (2, 3)
     _append(JsonlStore(tmp_path), ids[1])
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert store.syncfs_calls == 3
 
 
@@ -124,11 +123,11 @@ def test_a_missing_session_fails_alone_and_the_others_are_confirmed(tmp_path: Pa
     store = CountingStore(tmp_path)
     ids = _sessions(store, 3)
 
-    failed = flush_each(store, [*ids, "gone"])
+    failed = many.flush(store, [*ids, "gone"])
 
     assert list(failed) == ["gone"] and isinstance(failed["gone"], PersistenceError)
     assert store.syncfs_calls == 1
-    assert flush_each(store, ids) == {} and store.syncfs_calls == 1  # confirmed
+    assert many.flush(store, ids) == {} and store.syncfs_calls == 1  # confirmed
 
 
 def test_a_failed_syncfs_falls_back_to_fsync_for_good(
@@ -140,7 +139,7 @@ def test_a_failed_syncfs_falls_back_to_fsync_for_good(
     ids = _sessions(store, 4)
     store.fsync_fails = {os.stat(store.path(ids[1])).st_ino}
 
-    failed = flush_each(store, ids)
+    failed = many.flush(store, ids)
 
     # Each file answered for itself: the one whose fsync failed is told, the rest confirmed.
     assert list(failed) == [ids[1]]
@@ -149,14 +148,14 @@ def test_a_failed_syncfs_falls_back_to_fsync_for_good(
     store.fsync_fails = set()
     for session_id in ids:
         _append(store, session_id)
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert libc.calls == 1 and store.fsyncs == 8
 
 
 def test_syncfs_off_flushes_each_file(tmp_path: Path) -> None:
     store = CountingStore(tmp_path, syncfs=False)
     ids = _sessions(store, 3)
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert (store.syncfs_calls, store.fsyncs) == (0, 3)
 
 
@@ -171,7 +170,7 @@ def test_a_store_from_settings_keeps_their_syncfs_and_cache(
     assert isinstance(store, CountingStore)
     ids = _sessions(store, 3)
     # then it flushes each file, and keeps its sessions within that budget
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert (store.syncfs_calls, store.fsyncs) == (0, 3)
     assert store.root == tmp_path
     assert store.cache_stats().budget_bytes == 3 * 1024 * 1024
@@ -181,7 +180,7 @@ def test_a_closed_store_flushes_each_file(tmp_path: Path) -> None:
     store = CountingStore(tmp_path)
     ids = _sessions(store, 3)
     store.close()
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert store.fsyncs == 3
 
 
@@ -192,7 +191,7 @@ def test_an_untrusted_file_system_is_flushed_file_by_file(
     assert syncfs.why_not(tmp_path, syncfs._libc()) == "file system type 0x6969"
     store = CountingStore(tmp_path)
     ids = _sessions(store, 3)
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     assert (store.syncfs_calls, store.fsyncs) == (0, 3)
 
 
@@ -246,18 +245,18 @@ def test_a_session_whose_fsync_failed_is_not_confirmed_by_a_batch_syncfs(
     # given a session whose fsync failed after an append, the append's bytes then lost
     store = CountingStore(tmp_path)
     ids = _sessions(store, 3)
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     path = store.path(ids[1])
     confirmed = path.stat().st_size
     _append(store, ids[1])
     written = path.read_bytes()
     store.fsync_fails.add(path.stat().st_ino)
-    assert ids[1] in flush_each(store, [ids[1]])
+    assert ids[1] in many.flush(store, [ids[1]])
     store.fsync_fails.clear()
     os.truncate(path, confirmed)  # the pages the failed fsync dropped
     store.fsyncs = store.syncfs_calls = 0
     # when the batch is flushed again
-    assert flush_each(store, ids) == {}
+    assert many.flush(store, ids) == {}
     # then the session was written again and fsynced on its own
     assert store.fsyncs == 1
     assert path.read_bytes() == written

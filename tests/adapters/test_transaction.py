@@ -10,12 +10,10 @@ from dsh_schedule.shared.core.errors import FenceConflict, PersistenceError, Too
 from dsh_schedule.shared.core.events import NewEvent
 from dsh_schedule.shared.store.memory import MemoryStore
 from dsh_schedule.shared.transaction import (
-    FENCE_ATTEMPTS,
     Decision,
     LogTransactions,
     PersistenceUncertain,
     Read,
-    retry_fenced_many,
 )
 from tests.support import FakeClock, new_session
 
@@ -47,17 +45,6 @@ def test_a_preflight_keeps_each_agents_failure_and_reads_the_rest(
     # then each existing one is read and the missing one keeps its own failure
     assert isinstance(reads["a"], Read) and isinstance(reads["b"], Read)
     assert isinstance(reads["missing"], PersistenceError)
-
-
-def test_a_batch_whose_appends_keep_conflicting_gives_up_after_the_attempts() -> None:
-    attempts: list[int] = []
-
-    def attempt(n: int, items: list[str]) -> list[str]:
-        attempts.append(n)
-        return [item for item in items if item == "moving"]
-
-    assert retry_fenced_many(["still", "moving"], attempt) == ["moving"]
-    assert attempts == list(range(FENCE_ATTEMPTS))
 
 
 def test_a_transaction_decides_again_on_the_log_another_writer_extended(

@@ -21,6 +21,7 @@ from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import Event, NewEvent
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
+from dsh_schedule.shared.transaction import FENCE_ATTEMPTS
 from dsh_schedule.worker.due import WakeOutcome
 from tests.support import (
     FakeClock,
@@ -127,19 +128,21 @@ def test_an_agent_in_a_turn_waits_for_idle_and_spares_the_batch(
 
 
 class _InterposingStore(MemoryStore):
-    """Another writer appends to ``victim`` just before the batch's dispatch append."""
+    """Another writer appends to ``victim`` just before the batch's dispatch append (once,
+    or before every one when ``always``)."""
 
-    def __init__(self, victim: str) -> None:
+    def __init__(self, victim: str, *, always: bool = False) -> None:
         super().__init__()
         self.victim = victim
-        self.interposed = False
+        self.always = always
+        self.interposed = 0
 
     def append(self, session_id: str, events: Sequence[NewEvent],
                expected_seq: int) -> tuple[Event, ...]:
-        if session_id == self.victim and not self.interposed and any(
+        if session_id == self.victim and (self.always or not self.interposed) and any(
             e.type == "schedule/change" and e.data.get("operation") == "dispatch" for e in events
         ):
-            self.interposed = True
+            self.interposed += 1
             super().append(session_id, [NewEvent(type="custom/note", time=0, data={})],
                            expected_seq)
         return super().append(session_id, events, expected_seq)
@@ -160,6 +163,26 @@ def test_a_fence_conflict_in_a_batch_re_decides_that_agent_alone(
     system.step()
     # Two entries were written (the batch's, then the re-decided one); one is delivered.
     assert len(reminder_texts(store, "contested")) == 1
+    assert len(reminder_texts(store, "plain")) == 1
+
+
+def test_an_agent_whose_log_keeps_moving_is_abandoned_after_the_attempts_and_the_rest_land(
+    redis_client: redis.Redis, settings: Settings
+) -> None:
+    store = _InterposingStore("contested", always=True)
+    system, clock = _system(redis_client, settings, store)
+    wakes = _made_due(system, clock, ["plain", "contested"])
+
+    outcomes = system.owner.wake(wakes)
+
+    assert store.interposed == FENCE_ATTEMPTS  # decided again after each conflict, no more
+    assert outcomes == {"plain": WakeOutcome.SETTLED,
+                        "contested": WakeOutcome.DISPATCH_ABANDONED}
+    assert dispatch_records(store, "contested") == []
+    assert len(dispatch_records(store, "plain")) == 1
+    system.step()
+    # Followups written for the contested agent have no dispatch: the host drops them.
+    assert reminder_texts(store, "contested") == []
     assert len(reminder_texts(store, "plain")) == 1
 
 

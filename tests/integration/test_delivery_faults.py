@@ -242,7 +242,7 @@ def test_a_forked_session_has_its_own_reminders_and_delivery(
 
 
 class AnotherWriterInTheRound(MemoryStore):
-    """A store that appends to many sessions at once (``flushing.AppendsMany``), and lets
+    """A store that appends to many sessions at once (``many.AppendsMany``), and lets
     another writer append to one of them just before a round's write."""
 
     def __init__(self) -> None:

@@ -17,7 +17,7 @@ from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.core.errors import PersistenceError, disk_outage_errno
 from dsh_schedule.shared.core.events import SCHEDULE_CHANGE
 from dsh_schedule.shared.settings import Settings
-from dsh_schedule.shared.store.flushing import append_durably
+from dsh_schedule.shared.store.port import append_durably
 from dsh_schedule.shared.store.postgres import EVENTS, SESSIONS, PostgresStore
 from tests.adapters.test_store_contract import message
 from tests.pg_proxy import PgProxy

@@ -40,7 +40,7 @@ from dsh_schedule.shared.store.dueindex import (
     read_recorded,
     write_recorded,
 )
-from dsh_schedule.shared.store.flushing import flush_one_by_one
+from dsh_schedule.shared.store.many import flush_one_by_one
 from dsh_schedule.shared.store.foldcache import touches_schedule
 from dsh_schedule.shared.store.ids import escape_session_id, unescape_session_id
 from dsh_schedule.shared.store.jsonldurability import JsonlDurability, OwedBytes

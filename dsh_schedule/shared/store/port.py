@@ -2,7 +2,9 @@
 
 The session event log is the only authority for Schedule state. A store keeps one
 append-only log per session: a header, then events whose ``seq`` equals their index.
-This module holds the ``SessionStore`` protocol and the failures every store shares; the
+This module holds the ``SessionStore`` protocol, the failures every store shares, and
+``append_durably`` (one session appended and flushed in one write where the store can:
+``AppendsDurably``, the PostgreSQL store's synchronously committed statement); the
 stores are built from ``ids`` (session id escaping), ``codec`` (the log lines) and
 ``foldcache`` (the fold and ledger kept per log, and the append invariant); the JSONL
 store adds ``sessioncache`` (what it keeps per file, within a byte budget) and ``lazylog``
@@ -12,7 +14,7 @@ store adds ``sessioncache`` (what it keeps per file, within a byte budget) and `
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.events import Event, NewEvent, Session, SessionHeader
@@ -151,9 +153,40 @@ class SessionStore(Protocol):
         ...
 
 
+@runtime_checkable
+class AppendsDurably(Protocol):
+    """A store that appends to a session and makes the append durable in one write."""
+
+    def append_durably(
+        self, session_id: str, events: Sequence[NewEvent], expected_seq: int
+    ) -> tuple[tuple[Event, ...], PersistenceError | None]:
+        """``append`` then ``flush`` of that session: the events appended (raising as
+        ``append`` does), and the flush's failure (None: everything appended to the
+        session so far is durable)."""
+        ...
+
+
+
+def append_durably(
+    store: SessionStore, session_id: str, events: Sequence[NewEvent], expected_seq: int
+) -> tuple[tuple[Event, ...], PersistenceError | None]:
+    """``store.append`` then ``store.flush`` of the session, in one write when the store
+    can (``AppendsDurably``): the events appended (the append's failures raised), and the
+    flush's ``PersistenceError`` (None: durable)."""
+    if isinstance(store, AppendsDurably):
+        return store.append_durably(session_id, events, expected_seq)
+    appended = store.append(session_id, events, expected_seq=expected_seq)
+    try:
+        store.flush(session_id)
+    except PersistenceError as exc:
+        return appended, exc
+    return appended, None
+
+
 def missing_session(session_id: str) -> PersistenceError:
     """The error for a session that does not exist (never an empty log)."""
     return PersistenceError(f"session {session_id!r} does not exist")
 
 
-__all__ = ["DUE_PAGE", "DueEntry", "SessionExists", "SessionStore", "missing_session"]
+__all__ = ["DUE_PAGE", "AppendsDurably", "DueEntry", "SessionExists", "SessionStore",
+           "append_durably", "missing_session"]

@@ -77,7 +77,7 @@ class PostgresAppending(PostgresReading):
     def append_durably(
         self, session_id: str, events: Sequence[NewEvent], expected_seq: int
     ) -> tuple[tuple[Event, ...], PersistenceError | None]:
-        """``append`` then ``flush`` of the session (``flushing.AppendsDurably``): the
+        """``append`` then ``flush`` of the session (``port.AppendsDurably``): the
         append's statement commits synchronously, so the flush after it has nothing left
         to make durable and sends nothing, unless an earlier append of this store to the
         session awaits its flush (then it is checked as ``flush`` checks it). The events
@@ -153,7 +153,7 @@ class PostgresAppending(PostgresReading):
     def append_many(
         self, items: Sequence[tuple[str, Sequence[NewEvent], int]]
     ) -> dict[str, tuple[Event, ...] | Exception]:
-        """``append`` for many sessions (``flushing.AppendsMany``), each fenced at its own
+        """``append`` for many sessions (``many.AppendsMany``), each fenced at its own
         length, in one statement: each one's events appended, or what failed for it alone
         (``FenceConflict``, a ``ScheduleLogError``, a ``PersistenceError``). A session
         whose fence did not hold in the statement is tried again alone, as ``append``

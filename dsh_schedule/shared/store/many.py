@@ -1,4 +1,5 @@
-"""Flushing many sessions at once (docs/architecture.md#batched-due-transactions).
+"""Many sessions at once: ``load``, ``append`` and ``flush`` for a batch
+(docs/architecture.md#batched-due-transactions), one verb each for one session and many.
 
 A batched due transaction or delivery makes many session files durable. A store that
 can confirm many files at once (``FlushesMany``: the JSONL store, with one ``syncfs``)
@@ -12,10 +13,6 @@ PostgreSQL store, one query for every session's new rows).
 
 A batch appends to its sessions in one statement where the store can (``AppendsMany``: the
 PostgreSQL store, each session fenced at its own length).
-
-One session appended to and flushed right after (a tool's transaction) is one write where
-the store can make the append itself durable (``AppendsDurably``: the PostgreSQL store,
-one synchronously committed statement instead of an append and a barrier transaction).
 """
 
 from __future__ import annotations
@@ -55,19 +52,6 @@ class FlushesMany(Protocol):
 
 
 @runtime_checkable
-class AppendsDurably(Protocol):
-    """A store that appends to a session and makes the append durable in one write."""
-
-    def append_durably(
-        self, session_id: str, events: Sequence[NewEvent], expected_seq: int
-    ) -> tuple[tuple[Event, ...], PersistenceError | None]:
-        """``append`` then ``flush`` of that session: the events appended (raising as
-        ``append`` does), and the flush's failure (None: everything appended to the
-        session so far is durable)."""
-        ...
-
-
-@runtime_checkable
 class LoadsMany(Protocol):
     """A store that reads many sessions in one round trip."""
 
@@ -88,7 +72,7 @@ class AppendsMany(Protocol):
         ...
 
 
-def append_each(store: SessionStore, items: Sequence[tuple[str, Sequence[NewEvent], int]]
+def append(store: SessionStore, items: Sequence[tuple[str, Sequence[NewEvent], int]]
                 ) -> dict[str, tuple[Event, ...] | Exception]:
     """``store.append`` for every ``(session, events, expected_seq)`` (distinct sessions), in
     one round trip when the store can (``AppendsMany``): each one's events appended, or the
@@ -104,7 +88,7 @@ def append_each(store: SessionStore, items: Sequence[tuple[str, Sequence[NewEven
     return appended
 
 
-def load_each(store: SessionStore, session_ids: Sequence[str]
+def load(store: SessionStore, session_ids: Sequence[str]
               ) -> dict[str, tuple[Session, FoldState] | Exception]:
     """``store.load`` for every session, in one round trip when the store can
     (``LoadsMany``): each one's log and fold, or the exception its load raised."""
@@ -120,23 +104,7 @@ def load_each(store: SessionStore, session_ids: Sequence[str]
     return loaded
 
 
-def append_durably(
-    store: SessionStore, session_id: str, events: Sequence[NewEvent], expected_seq: int
-) -> tuple[tuple[Event, ...], PersistenceError | None]:
-    """``store.append`` then ``store.flush`` of the session, in one write when the store
-    can (``AppendsDurably``): the events appended (the append's failures raised), and the
-    flush's ``PersistenceError`` (None: durable)."""
-    if isinstance(store, AppendsDurably):
-        return store.append_durably(session_id, events, expected_seq)
-    appended = store.append(session_id, events, expected_seq=expected_seq)
-    try:
-        store.flush(session_id)
-    except PersistenceError as exc:
-        return appended, exc
-    return appended, None
-
-
-def flush_each(store: SessionStore, session_ids: Iterable[str]) -> dict[str, PersistenceError]:
+def flush(store: SessionStore, session_ids: Iterable[str]) -> dict[str, PersistenceError]:
     """``store.flush`` for every session, together; the failures, by session (an empty
     dict: every session is durable). Any other exception propagates."""
     ids = list(dict.fromkeys(session_ids))

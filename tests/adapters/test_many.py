@@ -1,11 +1,11 @@
-"""Flushing many sessions at once (dsh_schedule.shared.store.flushing)."""
+"""Flushing many sessions at once (dsh_schedule.shared.store.many)."""
 
 from __future__ import annotations
 
 import threading
 
 from dsh_schedule.shared.core.errors import PersistenceError
-from dsh_schedule.shared.store.flushing import flush_each
+from dsh_schedule.shared.store import many
 from dsh_schedule.shared.store.memory import MemoryStore
 from tests.support import new_session
 
@@ -27,7 +27,7 @@ def test_every_session_is_flushed_and_each_failure_told_by_its_session() -> None
     store = _Store({"s3", "s7"})
     ids = [new_session(store, f"s{i}") for i in range(10)]
 
-    failed = flush_each(store, [*ids, "s1"])  # a session named twice is flushed once
+    failed = many.flush(store, [*ids, "s1"])  # a session named twice is flushed once
 
     assert sorted(failed) == ["s3", "s7"]
     assert all(isinstance(exc, PersistenceError) for exc in failed.values())
@@ -38,6 +38,6 @@ def test_every_session_is_flushed_and_each_failure_told_by_its_session() -> None
 def test_one_session_is_flushed_in_the_callers_thread() -> None:
     store = _Store(set())
     new_session(store, "only")
-    assert flush_each(store, ["only"]) == {} and store.flush_calls == ["only"]
+    assert many.flush(store, ["only"]) == {} and store.flush_calls == ["only"]
     assert store.threads == {threading.current_thread().name}
-    assert flush_each(store, []) == {}
+    assert many.flush(store, []) == {}
