@@ -451,8 +451,9 @@ class ReferenceHost:
                 failure = None
             if failure is not None:
                 failures[session_id] = failure
+        # Those appended: a failed end stays in ``_unfinished``.
         self._flush([session_id for session_id in deliveries
-                     if session_id not in failures and session_id not in self._unfinished])
+                     if session_id not in self._unfinished])
         if unexpected:
             raise unexpected[0]
         return failures
