@@ -11,7 +11,9 @@ an in-process Redis (fakeredis), each once to warm up and once traced (``sys.set
 A file is *entered* when a function of it is called from another file; the walk is the
 files in the order they were first entered. It prints, for each of the two, the number of
 files entered (all, and those outside ``shared/core`` and ``shared/store``), each
-file's entries, and the walk.
+file's entries, the walk, and the files re-entered on the way down: entered while they
+stood already lower on the stack (a file entered, left for another and entered again from
+there), with the most times each was.
 """
 
 from __future__ import annotations
@@ -48,9 +50,24 @@ def _project_file(frame: FrameType | None) -> str | None:
     return name.relative_to(PACKAGE).as_posix() if name.is_relative_to(PACKAGE) else None
 
 
-def traced(work: Callable[[], Any]) -> tuple[list[str], Counter[str]]:
-    """The files ``work`` enters, in the order first entered, and each file's entries."""
+def _descent(frame: FrameType | None) -> list[str]:
+    """The project files on the stack from ``frame`` down to the first call, a run of
+    frames in one file counted once (libraries between them skipped)."""
+    files: list[str] = []
+    while frame is not None:
+        here = _project_file(frame)
+        if here is not None and (not files or files[-1] != here):
+            files.append(here)
+        frame = frame.f_back
+    return files
+
+
+def traced(work: Callable[[], Any]) -> tuple[list[str], Counter[str], Counter[str]]:
+    """The files ``work`` enters, in the order first entered; each file's entries; and
+    each file's most re-entries on the way down (the times it stood already on the stack
+    below when it was entered: a call back up into it, the decider pattern's one)."""
     entries: Counter[str] = Counter()
+    reentries: Counter[str] = Counter()
     order: list[str] = []
 
     def profile(frame: FrameType, event: str, _arg: Any) -> None:
@@ -59,12 +76,11 @@ def traced(work: Callable[[], Any]) -> tuple[list[str], Counter[str]]:
         here = _project_file(frame)
         if here is None:
             return
-        caller = frame.f_back
-        while caller is not None and _project_file(caller) is None:
-            caller = caller.f_back  # through a library back to the package
-        if caller is not None and _project_file(caller) == here:
+        below = _descent(frame.f_back)
+        if below and below[0] == here:
             return
         entries[here] += 1
+        reentries[here] = max(reentries[here], below.count(here))
         if here not in order:
             order.append(here)
 
@@ -73,7 +89,7 @@ def traced(work: Callable[[], Any]) -> tuple[list[str], Counter[str]]:
         work()
     finally:
         sys.setprofile(None)
-    return order, entries
+    return order, entries, reentries
 
 
 class Clock:
@@ -105,12 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         clock.now_ms += 61_000
         owner.wake([("warm", clock())])
         walks["due wake"] = traced(lambda: owner.wake([("walked", clock())]))
-    for name, (order, entries) in walks.items():
+    for name, (order, entries, reentries) in walks.items():
         outside = [f for f in order if not f.startswith(BEHIND)]
         print(json.dumps({"walk": name, "files": len(order),
                           "files outside core and store": len(outside),
                           "most entries": max(entries.values()),
-                          "entries": {f: entries[f] for f in order}}))
+                          "most re-entries on the way down": max(reentries.values()),
+                          "entries": {f: entries[f] for f in order},
+                          "re-entered on the way down": {f: reentries[f] for f in order
+                                                         if reentries[f]}}))
     return 0
 
 
