@@ -352,13 +352,14 @@ class LogTransactions:
         (``either_outcome``). A re-arm that fails after the append, or a process that
         dies owing it (a one-shot ``call``), then leaves that wake in place; a write that
         fails leaves a wake that finds nothing, one read. ``redis.RedisError`` is raised:
-        nothing is written then (docs/architecture.md#owed-re-arms). The target armed
-        (the fold with the events), or None when none was."""
+        nothing is written then (docs/architecture.md#owed-re-arms). The target armed,
+        or None when no wake was (nothing earlier; the agent not live; its lock gone):
+        the re-arm after the write then runs."""
         ahead = either_outcome(read, events, now_ms)
         if ahead is read.state:
             return None
-        self._coord.rearm([(agent, ahead)], now_ms)
-        return next_wake_ms(ahead, now_ms)
+        [armed] = self._coord.rearm([(agent, ahead)], now_ms)
+        return None if armed is None else next_wake_ms(ahead, now_ms)
 
     def rearm(self, agent: str, state: FoldState, armed_ms: int | None = None, *,
               release: HeldLock) -> None:

@@ -232,6 +232,42 @@ def test_a_create_that_makes_the_wake_earlier_arms_it_once_before_the_write(
     assert client.exists(coordination.keys.lock(session)) == 0
 
 
+class _LeasedDuringAppend(MemoryStore):
+    """A host installs the agent's lease while the create appends (a renewal after an
+    outage): the agent was not live when the wake was armed before the write."""
+
+    def __init__(self, install: Callable[[str], None]) -> None:
+        super().__init__()
+        self.install = install
+
+    def append(self, session_id: str, events: Sequence[NewEvent],
+               expected_seq: int) -> tuple[Event, ...]:
+        self.install(session_id)
+        return super().append(session_id, events, expected_seq)
+
+
+def test_a_create_armed_for_an_agent_not_live_before_the_write_is_armed_after_it(
+    server: fakeredis.FakeServer, settings: Settings
+) -> None:
+    # given an agent no host holds a lease on, whose host installs it during the append
+    clock = FakeClock()
+    client = fakeredis.FakeRedis(server=server)
+    coordination = Coordination(client, settings)
+    store = _LeasedDuringAppend(lambda agent: coordination.leases.install(
+        "host", [agent], settings.queue, now_ms=clock(), ttl_s=600))
+    session = new_session(store)
+    tools = ScheduleTools(store, coordination, settings, clock)
+
+    # when the model creates a reminder
+    result = tools.call(session, "schedule_create", {"prompt": "stretch", "after_seconds": 60})
+
+    # then the wake the arm before the write could not make is armed after it
+    assert not result.is_error
+    scheduled = coordination.keys.scheduled_jobs()
+    assert [score for _, score in client.zrange(scheduled, 0, -1, withscores=True)] == [
+        (clock() + 60_000) // 1000]
+
+
 def test_a_create_whose_wake_redis_refuses_before_the_append_writes_nothing(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
