@@ -440,7 +440,11 @@ class ReferenceHost:
         for session_id in deliveries:
             result = written[session_id]
             if isinstance(result, FenceConflict):
-                failure = self._finish_unfinished(session_id, flush=False)
+                try:
+                    failure = self._finish_unfinished(session_id, flush=False)
+                except Exception as exc:  # kept in ``_unfinished``, as below
+                    unexpected.append(exc)
+                    continue
             elif isinstance(result, PersistenceError):
                 failure = result  # kept in ``_unfinished``, appended first next time
             elif isinstance(result, Exception):
