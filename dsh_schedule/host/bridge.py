@@ -543,20 +543,33 @@ class HostBridge:
                 agents = [agent for agent in agents if agent not in gone]
 
     def _end_turns(self, agents: list[str], token: str) -> None:
+        """Release the agents' turns and wake each whose due wake waited for it, or
+        whose log holds reminders: the release takes the waiter, so a wake Redis fails
+        to send is owed (``OwedRearms``) before the failure is raised, as is one whose
+        log read failed unexpectedly (that error raised once the others are woken)."""
         released = self._coord.phase.release(agents, "turn", token)
         wake = []
+        unexpected: Exception | None = None
         # The logs read together (one round trip where the store can).
         logs = many.load(self._store, agents)
         for agent, release in zip(agents, released, strict=True):
             loaded = logs[agent]
             if isinstance(loaded, Exception) and not isinstance(
                     loaded, PersistenceError | ScheduleLogError):
-                raise loaded
+                unexpected = unexpected or loaded
+                wake.append(agent)  # its wake reads the log again
+                continue
             active = not isinstance(loaded, Exception) and bool(loaded[1].active)
             if release is Release.WAITER_WOKEN or active:
                 wake.append(agent)
         if wake:
-            self._coord.trigger(wake)
+            try:
+                self._coord.trigger(wake)
+            except redis.RedisError:
+                self.owed.owe(wake)
+                raise
+        if unexpected is not None:
+            raise unexpected
 
     # -- the delivery gate (``gate.DeliveryGate``) ------------------------------------
 

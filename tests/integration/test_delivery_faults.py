@@ -12,10 +12,18 @@ import redis
 from dsh_schedule.embedded import EmbeddedSystem
 from dsh_schedule.host.tools import ScheduleTools
 from dsh_schedule.shared.coordination.agents import Coordination
-from dsh_schedule.shared.core.events import TURN_END, TURN_START, USER_MESSAGE, NewEvent
+from dsh_schedule.shared.core.errors import FenceConflict
+from dsh_schedule.shared.core.events import (
+    TURN_END,
+    TURN_START,
+    USER_MESSAGE,
+    NewEvent,
+    Session,
+)
 from dsh_schedule.shared.core.framing import FramingError
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
+from dsh_schedule.worker.due import WakeOutcome
 from tests.support import (
     FakeClock,
     dispatch_records,
@@ -368,6 +376,78 @@ def test_a_turn_end_that_fails_unexpectedly_leaves_the_others_of_its_round_ended
     for session in sessions:
         types = [e.type for e in store.read(session).events]
         assert types.count(TURN_END) == types.count(TURN_START), session
+
+
+class EndMovedThenUnreadableForOne(AnotherWriterInTheRound):
+    """``AnotherWriterInTheRound`` whose round of turn ends finds its first session moved
+    by another writer, and whose read of that session, to append its end again, fails
+    with an error no store failure explains (a bug, a bound)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unreadable: str | None = None
+
+    def append_many(self, items: Any) -> dict[str, Any]:
+        ends = all(events[-1].type == TURN_END for _session, events, _seq in items)
+        found = super().append_many(items[1:] if ends else items)
+        if ends:
+            self.unreadable = items[0][0]
+            found[self.unreadable] = FenceConflict(items[0][2], items[0][2] + 1)
+        return found
+
+    def read(self, session_id: str) -> Session:
+        if session_id == self.unreadable:
+            self.unreadable = None
+            raise RuntimeError("unexpected")
+        return super().read(session_id)
+
+
+def test_a_moved_turn_end_that_fails_unexpectedly_leaves_the_others_of_its_round_ended_once(
+    redis_client: redis.Redis, settings: Settings, clock: FakeClock
+) -> None:
+    # given three sessions with a reminder each, dispatched, and a store whose turn ends
+    # round finds one of them moved, and whose read of it then fails unexpectedly
+    store = EndMovedThenUnreadableForOne()
+    system, sessions = _three_dispatched(store, redis_client, settings, clock)
+
+    # when the host delivers them in one round (the error is raised), and a person then
+    # opens a turn in each session
+    with pytest.raises(RuntimeError):
+        system.host.serve()
+    for session in sessions:
+        system.host.prompt(session, "hello")
+
+    # then every turn is ended once
+    for session in sessions:
+        types = [e.type for e in store.read(session).events]
+        assert types.count(TURN_END) == types.count(TURN_START), session
+
+
+def test_a_wake_that_waited_for_a_turn_is_owed_when_redis_fails_to_send_it_at_the_turns_end(
+    system: EmbeddedSystem, store: MemoryStore, clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a served session whose reminder fell due during a turn (its wake waited)
+    session = _open(system)
+    _create(system, session, prompt="stretch", after_seconds=2)
+    clock.advance(3)
+    plugin = system.host.plugin
+
+    def refused(_agents: object) -> int:
+        raise redis.ConnectionError("connection lost")
+
+    # when Redis fails to send the wake as the turn ends
+    with pytest.raises(redis.ConnectionError), plugin.bridge.turn(session):
+        plugin.renew_leases()
+        assert system.owner.wake([(session, None)])[session] is WakeOutcome.WAITING_FOR_IDLE
+        monkeypatch.setattr(system.coordination, "trigger", refused)
+    monkeypatch.undo()
+
+    # then the agent is owed its wake, sent once Redis answers, and the reminder delivered
+    assert plugin.bridge.owed.owed() == [session]
+    assert plugin.check_redis() == [session]
+    system.step()
+    assert len(reminder_messages(store, session)) == 1
 
 
 def test_a_reminder_another_process_made_after_its_agents_host_entry_was_lost_is_delivered(
