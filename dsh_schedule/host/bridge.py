@@ -246,7 +246,17 @@ class HostBridge:
     def repair(self, agents: list[str]) -> None:
         """Repair what Redis lost of agents whose reminders are overdue (the watchdog's
         finding): their lease entries written again, each woken (the wake re-arms its
-        reminders and re-projects its followups from its log) and looked at again."""
+        reminders and re-projects its followups from its log) and looked at again. An
+        agent this host no longer serves (a tool call in flight when it was let go noted
+        it again) is forgotten, never installed again."""
+        with self._state:
+            unserved = [a for a in agents if a not in self._served]
+        if unserved:
+            self.watchdog.forget(unserved)
+            gone = set(unserved)
+            agents = [a for a in agents if a not in gone]
+            if not agents:
+                return
         lost = self._lost_keys(agents)
         log.warning("%d agent(s) overdue by %g s or more, or with lease entries not naming "
                     "this host (%s); missing: %s; repairing", len(agents),

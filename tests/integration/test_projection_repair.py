@@ -119,6 +119,26 @@ def test_a_key_lost_before_the_due_moment_is_repaired_and_delivers_once(
     assert "lease entries of host" not in caplog.text
 
 
+def test_an_agent_let_go_that_a_tool_call_noted_again_is_forgotten_not_leased_again(
+    system: EmbeddedSystem, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # given a served session let go while one of its tool calls was in flight: the call's
+    # re-arm noted the agent to the watchdog again after the host forgot it
+    session = _open(system)
+    plugin = system.host.plugin
+    plugin.unload([session])
+    result = plugin.tools.call(session, "schedule_create", {"prompt": "x", "after_seconds": 5})
+    assert not result.is_error, result.content
+
+    # when its reminder stays overdue past the watchdog's look
+    _run(system, clock, 5.0 + REPAIR_AFTER_S + 5.0)
+
+    # then the host forgot it, without leasing it again or repairing it
+    assert system.client.hget(system.coordination.keys.agent_host(), session) is None
+    assert session not in plugin.bridge.served
+    assert "repairing" not in caplog.text
+
+
 def test_a_followup_stream_lost_after_the_dispatch_is_repaired_and_delivers_once(
     system: EmbeddedSystem, clock: FakeClock
 ) -> None:
