@@ -30,7 +30,7 @@ from dsh_schedule.shared import metrics
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.generation import GenerationMarker
-from dsh_schedule.shared.coordination.outage import Outage, is_outage
+from dsh_schedule.shared.coordination.outage import DiskOutage, Outage, is_outage
 from dsh_schedule.shared.coordination.unloaded import LoadRequest
 from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.settings import Settings
@@ -116,19 +116,31 @@ class DueLoads:
 
     def _run(self) -> None:
         outage = Outage(log, "load requests")
+        # A rebuild the store fails (a disk outage, one file that cannot be read) is tried
+        # again at this outage's pace; meanwhile load requests are answered.
+        unrebuilt = _RebuildOutage(log, "rebuild of the timers of unloaded sessions")
         cursor: str | None = None
-        next_check = 0.0
+        rebuilt = False
+        next_check = next_rebuild = 0.0
         while not self._stop.is_set():
             try:
                 if time.monotonic() >= next_check:
                     lost = self._generation.lost_data()
                     next_check = time.monotonic() + self._settings.generation_check_s
-                    if cursor is None or lost:
+                    if lost:
                         cursor = None
                 if cursor is None:
                     cursor = self._answered = self._timers.newest_request(self.queue)
-                    self.rebuild()
-                    self.listening.set()
+                    rebuilt = False
+                if not rebuilt and time.monotonic() >= next_rebuild:
+                    try:
+                        self.rebuild()
+                    except PersistenceError as exc:
+                        next_rebuild = time.monotonic() + unrebuilt.failed(exc)
+                    else:
+                        rebuilt = True
+                        unrebuilt.succeeded()
+                self.listening.set()
                 cursor = self._read(cursor)
                 self._answered = cursor
             except (redis.RedisError, PersistenceError) as exc:
@@ -275,3 +287,10 @@ class IdleSessions:
 
     def __contains__(self, session: object) -> bool:
         return session in self._used
+
+
+class _RebuildOutage(DiskOutage):
+    """``DiskOutage`` whose line names what failed (one session file may be the cause)."""
+
+    def _cause(self, exc: BaseException) -> str:
+        return str(exc)

@@ -103,6 +103,24 @@ def test_two_hosts_of_a_group_never_load_one_session_twice(
     assert unloaded_timer(coord, on.queue, "s1") is None
 
 
+def test_a_rebuild_that_one_file_fails_leaves_load_requests_answered(
+        store: JsonlStore, coord: Coordination, on: Settings, hosts: list[ReferenceHost],
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # given a store in which one session's file is not a file the store can read
+    (tmp_path / "sessions" / "bad.jsonl").mkdir()
+    host = ReferenceHost(store, coord, on, all_sessions=True)
+    hosts.append(host)
+
+    # when the host starts (its rebuild of the timers fails) and a session is asked for
+    listening(host)
+    assert ask(coord, on, ["s1"]) == 1
+
+    # then the request is answered, and the failure was said once, naming the file
+    assert wait_until(lambda: "s1" in host.agents, timeout=10)
+    said = [r.getMessage() for r in caplog.records if "rebuild of the timers" in r.getMessage()]
+    assert len(said) == 1 and "bad" in said[0], said
+
+
 def test_a_host_loads_at_most_load_concurrency_sessions_at_once(
         store: JsonlStore, coord: Coordination, on: Settings,
         hosts: list[ReferenceHost]) -> None:
