@@ -24,7 +24,7 @@ from typing import Final
 from dsh_schedule.shared.clock import Clock
 from dsh_schedule.shared.core.delivered import LedgerView
 from dsh_schedule.shared.core.due import DispatchBatch, DispatchOne, due_decision, gate_opens_ms
-from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError
+from dsh_schedule.shared.core.errors import PersistenceError, ScheduleLogError, outage_said
 from dsh_schedule.shared.core.fold import FoldState
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.core.ledger import ledger_of
@@ -121,11 +121,17 @@ class Watchdog:
                     del self._moment[agent]
                     taken.append(agent)
         stuck: list[str] = []
-        for agent in taken:
+        for n, agent in enumerate(taken):
             try:
                 session, state = self._store.load(agent)
                 ledger = ledger_of(session)
             except (PersistenceError, ScheduleLogError) as exc:
+                if outage_said(exc):
+                    # The store is out and has said so: the rest of the batch waits for
+                    # it too, rather than each load waiting on it in this loop.
+                    self.watch(taken[n:], now)
+                    taken = taken[:n]
+                    break
                 log.warning("watchdog: cannot read %s (%s); looking again later", agent,
                             type(exc).__name__)
                 self.watch([agent], now)

@@ -13,10 +13,12 @@ import pytest
 import redis
 
 from dsh_schedule.embedded import EmbeddedSystem
+from dsh_schedule.host.watchdog import Watchdog
 from dsh_schedule.shared.clock import wall_clock_ms
 from dsh_schedule.shared.coordination.agents import Coordination
 from dsh_schedule.shared.coordination.keys import Keys
 from dsh_schedule.shared.coordination.wake import ArmRequest
+from dsh_schedule.shared.core.errors import PersistenceError
 from dsh_schedule.shared.core.instant import parse_instant
 from dsh_schedule.shared.settings import Settings
 from dsh_schedule.shared.store.memory import MemoryStore
@@ -137,6 +139,47 @@ def test_an_agent_let_go_that_a_tool_call_noted_again_is_forgotten_not_leased_ag
     assert system.client.hget(system.coordination.keys.agent_host(), session) is None
     assert session not in plugin.bridge.served
     assert "repairing" not in caplog.text
+
+
+class _OutStore(MemoryStore):
+    """A store whose loads fail with an outage it has said itself, while ``out``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = True
+        self.loads: list[str] = []
+
+    def load(self, session_id: str) -> Any:
+        self.loads.append(session_id)
+        if self.out:
+            failure = PersistenceError("the database is unavailable")
+            failure.outage_said = True
+            raise failure
+        return super().load(session_id)
+
+
+def test_the_watchdog_waits_out_a_store_outage_the_store_said_without_a_line_per_agent(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # given three agents whose moments passed, and a store out (and saying so itself)
+    store = _OutStore()
+    for agent in ("a", "b", "c"):
+        new_session(store, agent)
+    repaired: list[list[str]] = []
+    watchdog = Watchdog(store, clock=clock, repair_after_s=REPAIR_AFTER_S,
+                        misplaced=lambda agents: [], repair=repaired.append)
+    watchdog.watch(["a", "b", "c"], clock())
+    clock.advance(REPAIR_AFTER_S + 1)
+
+    # when the watchdog looks, then it tries one load, says nothing, and repairs nothing
+    assert watchdog.check() == []
+    assert store.loads == ["a"] and "watchdog" not in caplog.text
+
+    # and once the store is back, every agent is looked at, a look later
+    store.out = False
+    clock.advance(REPAIR_AFTER_S + 1)
+    assert watchdog.check() == [] and sorted(store.loads[1:]) == ["a", "b", "c"]
+    assert repaired == []
 
 
 def test_a_followup_stream_lost_after_the_dispatch_is_repaired_and_delivers_once(
