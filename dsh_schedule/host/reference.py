@@ -45,6 +45,7 @@ from dsh_schedule.shared.core.events import (
     TURN_END,
     TURN_START,
     USER_MESSAGE,
+    Event,
     NewEvent,
 )
 from dsh_schedule.shared.core.views import ToolResult
@@ -438,21 +439,11 @@ class ReferenceHost:
         failures: dict[str, PersistenceError] = {}
         unexpected: list[Exception] = []  # raised once every other end is accounted for
         for session_id in deliveries:
-            result = written[session_id]
-            if isinstance(result, FenceConflict):
-                try:
-                    failure = self._finish_unfinished(session_id, flush=False)
-                except Exception as exc:  # kept in ``_unfinished``, as below
-                    unexpected.append(exc)
-                    continue
-            elif isinstance(result, PersistenceError):
-                failure = result  # kept in ``_unfinished``, appended first next time
-            elif isinstance(result, Exception):
-                unexpected.append(result)
+            try:
+                failure = self._end_written(session_id, written[session_id])
+            except Exception as exc:  # its end stays in ``_unfinished``
+                unexpected.append(exc)
                 continue
-            else:
-                del self._unfinished[session_id]
-                failure = None
             if failure is not None:
                 failures[session_id] = failure
         # Those appended: a failed end stays in ``_unfinished``.
@@ -461,6 +452,20 @@ class ReferenceHost:
         if unexpected:
             raise unexpected[0]
         return failures
+
+    def _end_written(self, session_id: str, result: tuple[Event, ...] | Exception
+                     ) -> PersistenceError | None:
+        """What became of a turn end ``many.append`` answered for: None once it is
+        appended (at the log's end when the log moved); the store's failure, the end kept
+        to append first next time; any other error raised, the end kept too."""
+        if isinstance(result, FenceConflict):
+            return self._finish_unfinished(session_id, flush=False)
+        if isinstance(result, PersistenceError):
+            return result
+        if isinstance(result, Exception):
+            raise result
+        del self._unfinished[session_id]
+        return None
 
     def _finish_unfinished(self, session_id: str, *,
                            flush: bool = True) -> PersistenceError | None:
