@@ -73,7 +73,7 @@ class AppendsMany(Protocol):
 
 
 def append(store: SessionStore, items: Sequence[tuple[str, Sequence[NewEvent], int]]
-                ) -> dict[str, tuple[Event, ...] | Exception]:
+           ) -> dict[str, tuple[Event, ...] | Exception]:
     """``store.append`` for every ``(session, events, expected_seq)`` (distinct sessions), in
     one round trip when the store can (``AppendsMany``): each one's events appended, or the
     exception its append raised (``FenceConflict``, ``PersistenceError``, …)."""
@@ -89,7 +89,7 @@ def append(store: SessionStore, items: Sequence[tuple[str, Sequence[NewEvent], i
 
 
 def load(store: SessionStore, session_ids: Sequence[str]
-              ) -> dict[str, tuple[Session, FoldState] | Exception]:
+         ) -> dict[str, tuple[Session, FoldState] | Exception]:
     """``store.load`` for every session, in one round trip when the store can
     (``LoadsMany``): each one's log and fold, or the exception its load raised."""
     ids = list(dict.fromkeys(session_ids))

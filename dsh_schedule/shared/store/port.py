@@ -166,7 +166,6 @@ class AppendsDurably(Protocol):
         ...
 
 
-
 def append_durably(
     store: SessionStore, session_id: str, events: Sequence[NewEvent], expected_seq: int
 ) -> tuple[tuple[Event, ...], PersistenceError | None]:
